@@ -1,0 +1,278 @@
+//! The compiled, read-only configuration (`Snapshot`) that the gateway runs on: every reference
+//! resolved to an index, every duration parsed, every secret loaded.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A secret value (upstream key, admin token). Its `Debug` and `Display` never show the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value itself, for the one place that must send it (an upstream header).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// Index of a backend in `Snapshot::backends`.
+pub type BackendId = usize;
+/// Index of an alias in `Snapshot::aliases`.
+pub type AliasId = usize;
+/// Index of a tenant in `Snapshot::tenants`.
+pub type TenantId = usize;
+
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The file this snapshot was read from (`<embedded>` for the demo).
+    pub source: PathBuf,
+    pub listen: SocketAddr,
+    /// Bodies larger than this get 413 `request_too_large`.
+    pub max_request_body: u64,
+    pub admin: Admin,
+    pub state: StateConfig,
+    pub usage: UsageConfig,
+    pub routing: Routing,
+    /// Region group name -> region names.
+    pub regions: HashMap<String, Vec<String>>,
+    pub backends: Vec<Backend>,
+    pub backend_by_name: HashMap<String, BackendId>,
+    pub circuit_breakers: HashMap<String, BreakerPolicy>,
+    /// Every alias except `"*"`, in file order.
+    pub aliases: Vec<Alias>,
+    pub alias_by_name: HashMap<String, AliasId>,
+    /// The `"*"` discovery alias, when configured.
+    pub wildcard: Option<Alias>,
+    pub tenants: Vec<Tenant>,
+    /// sha256 digest of a client key -> (tenant, index into that tenant's `keys`).
+    pub keys_by_hash: HashMap<[u8; 32], (TenantId, usize)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+    /// Bearer token for `/admin/*`. `None` means the admin API answers 401 to everything.
+    pub token: Option<Secret>,
+    pub metrics_public: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    FailOpen,
+    FailClosed,
+}
+
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    pub store: StoreKind,
+    pub redis_url: Option<String>,
+    pub on_store_error: OnStoreError,
+}
+
+#[derive(Debug, Clone)]
+pub struct UsageConfig {
+    /// `sqlite://PATH`, `postgres://...`, or `off`, as written.
+    pub store: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Routing {
+    pub max_attempts: u32,
+    pub same_target_retries: u32,
+    pub max_retry_wait: Duration,
+    pub not_served_ttl: Duration,
+    pub timeouts: Timeouts,
+}
+
+/// Fully resolved timeouts (a backend's own values override `routing.timeouts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub first_token: Duration,
+    pub idle: Duration,
+    pub total: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(2),
+            first_token: Duration::from_secs(60),
+            idle: Duration::from_secs(30),
+            total: Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    Azure,
+    OpenAi,
+    Anthropic,
+}
+
+impl Provider {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Azure => "azure",
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Limits {
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+    pub max_in_flight: Option<u64>,
+    pub max_sessions: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub usd_per_month: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    pub path: String,
+    pub interval: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub name: String,
+    pub provider: Provider,
+    /// Base URL without a trailing slash.
+    pub url: String,
+    pub region: String,
+    pub api_key: Option<Secret>,
+    /// Azure only; defaults to `2024-10-21`.
+    pub api_version: String,
+    /// Anthropic only; defaults to `2023-06-01`.
+    pub anthropic_version: String,
+    pub limits: Limits,
+    pub circuit_breaker: Option<String>,
+    pub timeouts: Timeouts,
+    pub health_check: Option<HealthCheck>,
+}
+
+/// One status class a breaker rule counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureKind {
+    Status { from: u16, to: u16 },
+    ConnectError,
+    Timeout,
+}
+
+#[derive(Debug, Clone)]
+pub enum FailureThreshold {
+    Count(u32),
+    Percent { percent: f64, min_requests: u32 },
+}
+
+#[derive(Debug, Clone)]
+pub struct BreakerRule {
+    pub name: String,
+    pub threshold: FailureThreshold,
+    pub within: Duration,
+    pub status: Vec<FailureKind>,
+    pub trip: Duration,
+    pub accept_retry_after: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct BreakerPolicy {
+    pub name: String,
+    pub rules: Vec<BreakerRule>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Price {
+    pub input_per_1m: f64,
+    pub output_per_1m: f64,
+}
+
+/// One (backend, deployment or model) entry of an alias.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub backend: BackendId,
+    /// The deployment (Azure) or model (OpenAI, Anthropic) name sent upstream. `None` only on
+    /// `"*"` targets: the requested name is used.
+    pub deployment: Option<String>,
+    /// Lower is preferred; default 1.
+    pub priority: u32,
+    /// Default 1; zero is rejected by validation.
+    pub weight: u32,
+    pub price: Option<Price>,
+    pub accepts_prefill: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Alias {
+    pub name: String,
+    pub targets: Vec<Target>,
+    pub continue_cut_streams: bool,
+    pub session_affinity: bool,
+    pub price: Option<Price>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Key {
+    pub id: String,
+    pub sha256: [u8; 32],
+    /// Unix seconds until which this key may ask for decision traces.
+    pub trace_until: Option<i64>,
+    pub limits: Limits,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub keys: Vec<Key>,
+    /// Aliases this tenant may use; `None` means every alias (and `"*"`).
+    pub models: Option<Vec<String>>,
+    /// Region names (groups already expanded) this tenant's requests may go to; `None` means any.
+    pub regions: Option<Vec<String>>,
+    pub limits: Limits,
+}
+
+impl Tenant {
+    /// Whether this tenant may call `alias`; requests through the `"*"` discovery alias ask for `"*"`.
+    pub fn may_use(&self, alias: &str) -> bool {
+        match &self.models {
+            None => true,
+            Some(list) => list.iter().any(|m| m == alias),
+        }
+    }
+
+    pub fn may_reach(&self, region: &str) -> bool {
+        match &self.regions {
+            None => true,
+            Some(list) => list.iter().any(|r| r == region),
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! The gateway's own settings: the client `listen` address, `max_request_body`, the `admin`
+//! surface, the shared `state` store and the `usage` store.
+
+use std::net::SocketAddr;
+
+use crate::model::{Admin, OnStoreError, StateConfig, StoreKind, UsageConfig};
+use crate::problems::Problems;
+use crate::read::{self, Fields};
+use crate::tree::Node;
+
+pub(crate) const DEFAULT_LISTEN: ([u8; 4], u16) = ([0, 0, 0, 0], 8080);
+pub(crate) const DEFAULT_ADMIN_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 9090);
+pub(crate) const DEFAULT_MAX_REQUEST_BODY: u64 = 32 << 20;
+pub(crate) const DEFAULT_USAGE_STORE: &str = "sqlite://onedoor-usage.db";
+
+pub(crate) fn listen(node: Option<&Node>, p: &mut Problems) -> SocketAddr {
+    node.and_then(|n| read::addr(n, p))
+        .unwrap_or_else(|| DEFAULT_LISTEN.into())
+}
+
+pub(crate) fn max_request_body(node: Option<&Node>, p: &mut Problems) -> u64 {
+    let Some(node) = node else {
+        return DEFAULT_MAX_REQUEST_BODY;
+    };
+    match read::size(node, p) {
+        Some(0) => {
+            p.at(node.mark, "must be larger than zero");
+            DEFAULT_MAX_REQUEST_BODY
+        }
+        Some(size) => size,
+        None => DEFAULT_MAX_REQUEST_BODY,
+    }
+}
+
+/// The admin section; its `listen` may not be the client address.
+pub(crate) fn admin(node: Option<&Node>, client: SocketAddr, p: &mut Problems) -> Admin {
+    let f = Fields::open(node, &["listen", "token", "metrics_public"], p);
+    let listen = f.get("listen").and_then(|n| read::addr(n, p));
+    if let (Some(listen), Some(node)) = (listen, f.get("listen")) {
+        if listen == client {
+            p.at(
+                node.mark,
+                "the admin surface cannot share the client listen address",
+            );
+        }
+    }
+    Admin {
+        listen: listen.unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into()),
+        token: f.secret("token", p),
+        metrics_public: f.bool("metrics_public", p).unwrap_or(false),
+    }
+}
+
+pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
+    let f = Fields::open(node, &["store", "redis_url", "on_store_error"], p);
+    let store_node = f.get("store");
+    let store = store_node.and_then(|n| {
+        read::choice(
+            n,
+            &[("memory", StoreKind::Memory), ("redis", StoreKind::Redis)],
+            p,
+        )
+    });
+    let redis_url = f.get("redis_url").and_then(|n| {
+        let url = read::str(n, p)?;
+        if url.starts_with("redis://") || url.starts_with("rediss://") {
+            Some(url.to_owned())
+        } else {
+            p.at(
+                n.mark,
+                "expected a URL like redis://HOST:6379/0 (or rediss:// for TLS)",
+            );
+            None
+        }
+    });
+    if let (Some(StoreKind::Redis), Some(n)) = (store, store_node) {
+        if !f.has("redis_url") {
+            p.at(n.mark, "store: redis needs redis_url");
+        }
+    }
+    let on_store_error = f.get("on_store_error").and_then(|n| {
+        let options = [
+            ("fail_open", OnStoreError::FailOpen),
+            ("fail_closed", OnStoreError::FailClosed),
+        ];
+        read::choice(n, &options, p)
+    });
+    StateConfig {
+        store: store.unwrap_or(StoreKind::Memory),
+        redis_url,
+        on_store_error: on_store_error.unwrap_or(OnStoreError::FailOpen),
+    }
+}
+
+pub(crate) fn usage(node: Option<&Node>, p: &mut Problems) -> UsageConfig {
+    let f = Fields::open(node, &["store"], p);
+    let store = f.get("store").and_then(|n| {
+        let store = read::str(n, p)?;
+        let path = ["sqlite://", "postgres://", "postgresql://"]
+            .iter()
+            .find_map(|scheme| store.strip_prefix(scheme));
+        match path {
+            Some(rest) if !rest.is_empty() => Some(store.to_owned()),
+            _ if store == "off" => Some(store.to_owned()),
+            // The URL may carry a password: say what is expected, never what was found.
+            _ => {
+                p.at(
+                    n.mark,
+                    "expected sqlite://PATH, postgres://USER@HOST/DB or off",
+                );
+                None
+            }
+        }
+    });
+    UsageConfig {
+        store: store.unwrap_or_else(|| DEFAULT_USAGE_STORE.to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::{OnStoreError, StoreKind};
+    use crate::testing::{compile, problems};
+
+    #[test]
+    fn sizes_and_addresses_are_read() {
+        let s = compile(
+            "listen: 127.0.0.1:8000\nmax_request_body: 512KiB\nadmin: { metrics_public: true }\n",
+        );
+        assert_eq!(s.listen, "127.0.0.1:8000".parse().unwrap());
+        assert_eq!(s.max_request_body, 512 * 1024);
+        assert!(s.admin.metrics_public);
+        assert_eq!(
+            compile("max_request_body: 10MB").max_request_body,
+            10_000_000
+        );
+        assert_eq!(compile("max_request_body: 1024").max_request_body, 1024);
+    }
+
+    #[test]
+    fn wrong_values_say_what_was_expected() {
+        assert_eq!(
+            problems("listen: localhost\nmax_request_body: huge\nadmin: { metrics_public: yes }\n"),
+            [
+                "1:9: expected a socket address like \"0.0.0.0:8080\", found \"localhost\"",
+                "2:19: expected a size like \"32MiB\", found \"huge\"",
+                "3:26: expected true or false, found \"yes\"",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_admin_surface_cannot_share_the_client_port() {
+        assert_eq!(
+            problems("listen: 0.0.0.0:8080\nadmin: { listen: 0.0.0.0:8080 }\n"),
+            ["2:18: the admin surface cannot share the client listen address"]
+        );
+    }
+
+    #[test]
+    fn a_redis_store_needs_its_url() {
+        assert_eq!(
+            problems("state: { store: redis }\n"),
+            ["1:17: store: redis needs redis_url"]
+        );
+        let s = compile(
+            "state: { store: redis, redis_url: redis://r:6379/0, on_store_error: fail_closed }",
+        );
+        assert_eq!(s.state.store, StoreKind::Redis);
+        assert_eq!(s.state.on_store_error, OnStoreError::FailClosed);
+        assert_eq!(
+            problems("state: { store: disk }\n"),
+            ["1:17: expected one of memory, redis, found \"disk\""]
+        );
+    }
+
+    #[test]
+    fn usage_stores_are_sqlite_postgres_or_off_and_never_quoted() {
+        assert_eq!(compile("usage: { store: off }").usage.store, "off");
+        assert_eq!(
+            compile("usage: { store: \"postgresql://u@h/db\" }")
+                .usage
+                .store,
+            "postgresql://u@h/db"
+        );
+        assert_eq!(
+            problems("usage: { store: \"mysql://u:hunter2@h/db\" }\n"),
+            ["1:17: expected sqlite://PATH, postgres://USER@HOST/DB or off"]
+        );
+    }
+}

@@ -1,0 +1,78 @@
+//! The one-paragraph description `onedoor validate` prints for a good config. It names things and
+//! counts them; it never prints a secret or a store URL (which may carry a password).
+
+use std::fmt::Write;
+
+use crate::model::{Snapshot, StoreKind};
+
+pub(crate) fn summary(s: &Snapshot) -> String {
+    let mut out = format!("{}: ", s.source.display());
+    let backends: Vec<String> = s
+        .backends
+        .iter()
+        .map(|b| format!("{} ({}, {})", b.name, b.provider.as_str(), b.region))
+        .collect();
+    out.push_str(&counted(backends.len(), "backend", &backends));
+    if s.backends.is_empty() {
+        out.push_str(" (every request will fail until one is added)");
+    }
+    out.push_str("; ");
+    let aliases: Vec<String> = s.aliases.iter().map(|a| a.name.clone()).collect();
+    out.push_str(&counted(aliases.len(), "alias", &aliases));
+    if let Some(w) = &s.wildcard {
+        let _ = write!(
+            out,
+            ", plus \"*\" passing any other model name to {}",
+            plural(w.targets.len(), "target")
+        );
+    }
+    if s.aliases.is_empty() && s.wildcard.is_none() {
+        out.push_str(" (no model can be called until one is added)");
+    }
+    out.push_str("; ");
+    let tenants: Vec<String> = s
+        .tenants
+        .iter()
+        .map(|t| format!("{} ({})", t.name, plural(t.keys.len(), "key")))
+        .collect();
+    out.push_str(&counted(tenants.len(), "tenant", &tenants));
+    let store = match s.state.store {
+        StoreKind::Memory => "in memory",
+        StoreKind::Redis => "in redis",
+    };
+    let usage = match s.usage.store.split_once("://") {
+        Some((scheme, _)) => format!("usage recorded to {scheme}"),
+        None => "usage recording off".to_owned(),
+    };
+    let _ = write!(
+        out,
+        ". Clients on {}, admin on {}; state {store}; {usage}.",
+        s.listen, s.admin.listen
+    );
+    out
+}
+
+/// `3 backends: a, b, c` or `no backends`.
+fn counted(n: usize, noun: &str, names: &[String]) -> String {
+    if n == 0 {
+        format!("no {}", plural_noun(noun))
+    } else {
+        format!("{}: {}", plural(n, noun), names.join(", "))
+    }
+}
+
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {}", plural_noun(noun))
+    }
+}
+
+fn plural_noun(noun: &str) -> String {
+    if noun.ends_with('s') {
+        format!("{noun}es")
+    } else {
+        format!("{noun}s")
+    }
+}

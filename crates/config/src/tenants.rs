@@ -1,0 +1,298 @@
+//! The `tenants` section: who may call, with which client keys (stored as sha256 digests), which
+//! aliases and regions they may use, and their limits.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::limits;
+use crate::model::{Key, Tenant, TenantId};
+use crate::models::{Models, WILDCARD};
+use crate::problems::{Mark, Problems};
+use crate::read::{self, Fields};
+use crate::tree::Node;
+
+/// What tenants refer to: aliases, region groups and the regions backends are in.
+pub(crate) struct Known<'a> {
+    pub models: &'a Models,
+    pub groups: &'a HashMap<String, Vec<String>>,
+    pub backend_regions: BTreeSet<&'a str>,
+}
+
+pub(crate) struct Tenants {
+    pub list: Vec<Tenant>,
+    pub keys_by_hash: HashMap<[u8; 32], (TenantId, usize)>,
+}
+
+#[derive(Default)]
+struct Seen {
+    tenants: HashMap<String, Mark>,
+    key_ids: HashMap<String, Mark>,
+    /// Digest -> (key id, where it was written).
+    hashes: HashMap<[u8; 32], (String, Mark)>,
+}
+
+pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> Tenants {
+    let mut tenants = Tenants {
+        list: Vec::new(),
+        keys_by_hash: HashMap::new(),
+    };
+    let Some(items) = node.and_then(|n| read::list(n, p)) else {
+        return tenants;
+    };
+    let mut seen = Seen::default();
+    for item in items {
+        let f = Fields::new(item, &["name", "keys", "models", "regions", "limits"], p);
+        let name_node = f.required("name", p);
+        let name = name_node.and_then(|n| read::name(n, p));
+        if let (Some(name), Some(n)) = (name, name_node) {
+            match seen.tenants.get(name) {
+                Some(first) => p.at(
+                    n.mark,
+                    format!("duplicate tenant name {name:?} (first defined at {first})"),
+                ),
+                None => {
+                    seen.tenants.insert(name.to_owned(), n.mark);
+                }
+            }
+        }
+        let id = tenants.list.len();
+        let keys = keys(f.get("keys"), &mut seen, p);
+        for (index, key) in keys.iter().enumerate() {
+            tenants
+                .keys_by_hash
+                .entry(key.sha256)
+                .or_insert((id, index));
+        }
+        tenants.list.push(Tenant {
+            name: name.unwrap_or_default().to_owned(),
+            keys,
+            models: f.get("models").map(|n| models(n, known.models, p)),
+            regions: f.get("regions").map(|n| regions(n, known, p)),
+            limits: limits::limits(f.get("limits"), limits::TENANT, p),
+        });
+    }
+    tenants
+}
+
+fn keys(node: Option<&Node>, seen: &mut Seen, p: &mut Problems) -> Vec<Key> {
+    let Some(items) = node.and_then(|n| read::list(n, p)) else {
+        return Vec::new();
+    };
+    let mut keys = Vec::with_capacity(items.len());
+    for item in items {
+        let f = Fields::new(item, &["id", "sha256", "trace_until", "limits"], p);
+        let id_node = f.required("id", p);
+        let id = id_node.and_then(|n| read::name(n, p)).unwrap_or_default();
+        if let Some(n) = id_node.filter(|_| !id.is_empty()) {
+            match seen.key_ids.get(id) {
+                Some(first) => p.at(
+                    n.mark,
+                    format!("duplicate key id {id:?} (first defined at {first})"),
+                ),
+                None => {
+                    seen.key_ids.insert(id.to_owned(), n.mark);
+                }
+            }
+        }
+        let digest_node = f.required("sha256", p);
+        let sha256 = digest_node.and_then(|n| digest(n, p));
+        if let (Some(digest), Some(n)) = (sha256, digest_node) {
+            match seen.hashes.get(&digest) {
+                Some((other, first)) => p.at(
+                    n.mark,
+                    format!("this key hash is already used by key {other:?} (at {first})"),
+                ),
+                None => {
+                    seen.hashes.insert(digest, (id.to_owned(), n.mark));
+                }
+            }
+        }
+        keys.push(Key {
+            id: id.to_owned(),
+            sha256: sha256.unwrap_or_default(),
+            trace_until: f.get("trace_until").and_then(|n| read::timestamp(n, p)),
+            limits: limits::limits(f.get("limits"), limits::TENANT, p),
+        });
+    }
+    keys
+}
+
+/// A sha256 digest as 64 hex digits, optionally prefixed `sha256:`.
+fn digest(node: &Node, p: &mut Problems) -> Option<[u8; 32]> {
+    let text = read::str(node, p)?.trim();
+    let hex_digits = text.strip_prefix("sha256:").unwrap_or(text);
+    let mut digest = [0u8; 32];
+    match hex::decode_to_slice(hex_digits, &mut digest) {
+        Ok(()) => Some(digest),
+        Err(_) => {
+            p.at(
+                node.mark,
+                format!(
+                    "expected a sha256 digest: 64 hex digits, optionally prefixed \"sha256:\" (found {} characters)",
+                    hex_digits.chars().count()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The aliases a tenant may use: each an alias name or `"*"`.
+fn models(node: &Node, known: &Models, p: &mut Problems) -> Vec<String> {
+    let Some(items) = read::list(node, p) else {
+        return Vec::new();
+    };
+    let mut names = Vec::with_capacity(items.len());
+    for item in items {
+        let Some(name) = read::name(item, p) else {
+            continue;
+        };
+        if name != WILDCARD && !known.by_name.contains_key(name) {
+            let mut all: Vec<&str> = known.aliases.iter().map(|a| a.name.as_str()).collect();
+            if known.wildcard.is_some() {
+                all.push(WILDCARD);
+            }
+            let all = if all.is_empty() {
+                "none are defined".to_owned()
+            } else {
+                all.join(", ")
+            };
+            p.at(item.mark, format!("unknown model {name:?} (known: {all})"));
+            continue;
+        }
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+/// The region names a tenant may reach: groups expand to their regions.
+fn regions(node: &Node, known: &Known, p: &mut Problems) -> Vec<String> {
+    let Some(items) = read::list(node, p) else {
+        return Vec::new();
+    };
+    let mut regions: Vec<String> = Vec::new();
+    for item in items {
+        let Some(name) = read::name(item, p) else {
+            continue;
+        };
+        let expanded: Vec<&str> = if let Some(group) = known.groups.get(name) {
+            group.iter().map(String::as_str).collect()
+        } else if known.backend_regions.contains(name) {
+            vec![name]
+        } else {
+            let mut groups: Vec<&str> = known.groups.keys().map(String::as_str).collect();
+            groups.sort_unstable();
+            let regions: Vec<&str> = known.backend_regions.iter().copied().collect();
+            p.at(
+                item.mark,
+                format!(
+                    "unknown region {name:?}: neither a group in regions ({}) nor a backend's region ({})",
+                    list_or_none(&groups),
+                    list_or_none(&regions)
+                ),
+            );
+            continue;
+        };
+        for region in expanded {
+            if !regions.iter().any(|r| r == region) {
+                regions.push(region.to_owned());
+            }
+        }
+    }
+    regions
+}
+
+fn list_or_none(names: &[&str]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{compile, problems, with_backends};
+
+    const MODELS: &str = "models:
+  - { name: chat, targets: [{ backend: a, deployment: gpt-4o }] }
+  - { name: \"*\", targets: [{ backends: [a, b] }] }
+";
+
+    #[test]
+    fn region_groups_expand_and_backend_regions_stand_alone() {
+        let s = compile(&with_backends(&format!(
+            "{MODELS}regions: {{ eu: [francecentral, westeurope], us: [eastus] }}
+tenants:
+  - name: t
+    regions: [eu, eastus, us]
+    models: [chat, \"*\"]
+"
+        )));
+        let t = &s.tenants[0];
+        assert_eq!(
+            t.regions.as_deref().unwrap(),
+            ["francecentral", "westeurope", "eastus"]
+        );
+        assert!(t.may_use("*") && t.may_use("chat") && !t.may_use("other"));
+        assert!(compile("tenants: [{ name: open }]").tenants[0]
+            .regions
+            .is_none());
+    }
+
+    #[test]
+    fn keys_are_indexed_by_digest_with_or_without_the_prefix() {
+        let a = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
+        let b = "A665A45920422F9D417E4867EFDC4FB8A04A1F3FFF1FA07E998E86F7F7A27AE3";
+        let s = compile(&format!(
+            "tenants:
+  - name: one
+    limits: {{ rpm: 10 }}
+  - name: two
+    keys:
+      - {{ id: k1, sha256: {a}, limits: {{ tpm: 5, max_sessions: 2 }} }}
+      - {{ id: k2, sha256: \"sha256:{b}\", trace_until: 2026-12-01T10:00:00Z }}
+"
+        ));
+        let digest = |h: &str| -> [u8; 32] { hex::decode(h).unwrap().try_into().unwrap() };
+        assert_eq!(s.keys_by_hash[&digest(a)], (1, 0));
+        assert_eq!(s.keys_by_hash[&digest(b)], (1, 1));
+        assert_eq!(s.tenants[0].limits.rpm, Some(10));
+        assert_eq!(s.tenants[1].keys[0].limits.max_sessions, Some(2));
+        assert_eq!(s.tenants[1].keys[1].trace_until, Some(1_796_119_200));
+    }
+
+    #[test]
+    fn tenant_mistakes_are_located() {
+        let a = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
+        let found = problems(&with_backends(&format!(
+            "{MODELS}regions: {{ eu: [westeurope] }}
+tenants:
+  - name: t
+    models: [chat, chatt]
+    regions: [eu, mars]
+    keys:
+      - {{ id: k1, sha256: {a}, trace_until: 2026-12-01T10:00+02:00 }}
+      - {{ id: k2, sha256: \"sha256:{a}\" }}
+      - {{ id: k3, sha256: secret-looking-value }}
+  - name: t
+    keys: [{{ id: k1, sha256: {a}0 }}]
+"
+        )));
+        assert_eq!(
+            found,
+            [
+                "10:20: unknown model \"chatt\" (known: chat, *)",
+                "11:19: unknown region \"mars\": neither a group in regions (eu) nor a backend's region (eastus, westeurope)",
+                "13:106: only UTC times (ending in Z or +00:00) are accepted, found \"2026-12-01T10:00+02:00\"",
+                "14:27: this key hash is already used by key \"k1\" (at 13:27)",
+                "15:27: expected a sha256 digest: 64 hex digits, optionally prefixed \"sha256:\" (found 20 characters)",
+                "16:11: duplicate tenant name \"t\" (first defined at 9:11)",
+                "17:18: duplicate key id \"k1\" (first defined at 13:15)",
+                "17:30: expected a sha256 digest: 64 hex digits, optionally prefixed \"sha256:\" (found 65 characters)",
+            ]
+        );
+        assert!(found.iter().all(|p| !p.contains("secret-looking-value")));
+    }
+}

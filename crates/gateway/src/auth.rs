@@ -1,0 +1,60 @@
+//! Client authentication: the key from any of the three accepted headers, looked up by its
+//! sha256 digest so the gateway never holds client keys in the clear.
+
+use http::HeaderMap;
+use onedoor_config::{Key, Snapshot, Tenant};
+use sha2::{Digest, Sha256};
+
+use crate::errors::GatewayError;
+
+/// The authenticated caller of one request.
+pub struct Caller<'a> {
+    pub tenant: &'a Tenant,
+    pub key: &'a Key,
+}
+
+/// The client key from `Authorization: Bearer`, `api-key` or `x-api-key`. Upstream requests are
+/// built from scratch, so none of these headers is ever forwarded.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(value) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .unwrap_or(value)
+            .trim();
+        if !token.is_empty() {
+            return Some(token);
+        }
+    }
+    ["api-key", "x-api-key"]
+        .iter()
+        .filter_map(|name| headers.get(*name).and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .find(|v| !v.is_empty())
+}
+
+pub fn authenticate<'a>(snapshot: &'a Snapshot, headers: &HeaderMap) -> Result<Caller<'a>, GatewayError> {
+    let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
+    let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+    let (tenant_id, key_index) = snapshot.keys_by_hash.get(&digest).ok_or(GatewayError::UnknownKey)?;
+    let tenant = snapshot.tenants.get(*tenant_id).ok_or(GatewayError::UnknownKey)?;
+    let key = tenant.keys.get(*key_index).ok_or(GatewayError::UnknownKey)?;
+    Ok(Caller { tenant, key })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn a_key_is_found_in_each_accepted_header() {
+        for name in ["authorization", "api-key", "x-api-key"] {
+            let mut headers = HeaderMap::new();
+            let value = if name == "authorization" { "Bearer k1" } else { "k1" };
+            headers.insert(name, HeaderValue::from_static(value));
+            assert_eq!(presented_key(&headers), Some("k1"), "{name}");
+        }
+        assert_eq!(presented_key(&HeaderMap::new()), None);
+    }
+}

@@ -1,0 +1,280 @@
+//! The attempt loop (contract section 2.1, rule 3): after a failed attempt the next target at
+//! once, a second try on the same target only under the same-target rule, bounded by
+//! `routing.max_attempts` and the total timeout. Learns into the state as it goes: 404s into the
+//! not-served cache, 429s into cooldowns.
+
+use std::future::Future;
+use std::time::Duration;
+
+use onedoor_config::Snapshot;
+use onedoor_state::{now_ms, TargetKey};
+use tokio::time::Instant;
+
+use crate::errors::GatewayError;
+use crate::outcome::{verdict, Verdict};
+use crate::router::{Candidate, Excluded, Plan};
+use crate::runtime::Runtime;
+use crate::upstream::Failure;
+
+/// How long a target that answered 429 without any Retry-After is left alone.
+const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+
+/// Every attempt of one request, in order, for `x-onedoor-attempts`, logs and traces.
+#[derive(Debug, Default)]
+pub struct Trail {
+    pub attempts: Vec<(String, String)>,
+}
+
+impl Trail {
+    fn push(&mut self, backend: &str, outcome: String) {
+        self.attempts.push((backend.to_owned(), outcome));
+    }
+
+    /// `backend=outcome,...` as the header carries it.
+    pub fn header(&self) -> String {
+        let mut out = String::new();
+        for (i, (backend, outcome)) in self.attempts.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(backend);
+            out.push('=');
+            out.push_str(outcome);
+        }
+        out
+    }
+}
+
+/// How a request that got no success ends.
+#[derive(Debug)]
+pub enum Ending {
+    /// A gateway error code.
+    Error(GatewayError),
+    /// The upstream's own answer (a 4xx such as a content filter), returned as it came.
+    Upstream { backend: usize, failure: Failure },
+}
+
+/// Where each candidate stands in this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    Open,
+    Spent,
+}
+
+pub struct Failover<'a> {
+    runtime: &'a Runtime,
+    alias: &'a str,
+    alias_index: Option<usize>,
+    plan: Plan,
+    deadline: Instant,
+    standing: Vec<Standing>,
+    retries: Vec<u32>,
+    verdicts: Vec<Verdict>,
+    cooled_until_ms: Vec<u64>,
+    context_fallback: Option<(usize, Failure)>,
+}
+
+impl<'a> Failover<'a> {
+    pub fn new(runtime: &'a Runtime, alias: &'a str, alias_index: Option<usize>, plan: Plan, deadline: Instant) -> Self {
+        let n = plan.candidates.len();
+        Failover {
+            runtime,
+            alias,
+            alias_index,
+            plan,
+            deadline,
+            standing: vec![Standing::Open; n],
+            retries: vec![0; n],
+            verdicts: Vec::new(),
+            cooled_until_ms: Vec::new(),
+            context_fallback: None,
+        }
+    }
+
+    fn snapshot(&self) -> &Snapshot {
+        &self.runtime.snapshot
+    }
+
+    fn backend_name(&self, candidate: &Candidate) -> &str {
+        self.snapshot()
+            .backends
+            .get(candidate.backend)
+            .map(|b| b.name.as_str())
+            .unwrap_or("?")
+    }
+
+    fn key(&self, i: usize) -> TargetKey {
+        let candidate = &self.plan.candidates[i];
+        TargetKey::new(self.backend_name(candidate), &candidate.deployment)
+    }
+
+    /// Runs attempts until one succeeds; `attempt` performs one and returns its success value.
+    pub async fn run<T, F, Fut>(mut self, trail: &mut Trail, mut attempt: F) -> Result<(Candidate, T), Ending>
+    where
+        F: FnMut(Candidate) -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let max_attempts = self.snapshot().routing.max_attempts.max(1) as usize;
+        let mut again: Option<usize> = None;
+        let mut out_of_time = false;
+        // A "not served" answer is discovery, not a failed try: it spends its target, so the
+        // number of targets still bounds it, but it does not use up `max_attempts`.
+        let mut counted = 0usize;
+        while counted < max_attempts {
+            if Instant::now() >= self.deadline {
+                out_of_time = true;
+                break;
+            }
+            let open: Vec<bool> = self.standing.iter().map(|s| *s == Standing::Open).collect();
+            let Some(i) = again.take().or_else(|| self.plan.choose(&open, self.runtime.turn(self.alias_index))) else {
+                break;
+            };
+            let candidate = self.plan.candidates[i].clone();
+            let backend = self.backend_name(&candidate).to_owned();
+            match attempt(candidate.clone()).await {
+                Ok(value) => {
+                    trail.push(&backend, "200".into());
+                    return Ok((candidate, value));
+                }
+                Err(failure) => {
+                    trail.push(&backend, failure.label());
+                    tracing::debug!(%backend, outcome = %failure.label(), detail = failure.detail(), "attempt failed");
+                    let next = self.settle(i, failure).await;
+                    if self.verdicts.last() != Some(&Verdict::NotServed) {
+                        counted += 1;
+                    }
+                    match next {
+                        Next::Again => again = Some(i),
+                        Next::Move => {}
+                        Next::OutOfTime => {
+                            out_of_time = true;
+                            break;
+                        }
+                        Next::Return(ending) => return Err(ending),
+                    }
+                }
+            }
+        }
+        Err(self.ending(trail, out_of_time))
+    }
+
+    /// Applies rule 3 to one failed attempt and says what comes next.
+    async fn settle(&mut self, i: usize, failure: Failure) -> Next {
+        let verdict = verdict(&failure);
+        self.verdicts.push(verdict);
+        let routing = &self.runtime.snapshot.routing;
+        let alone = self.plan.group_size(self.plan.candidates[i].priority) == 1;
+        let may_retry = alone && self.retries[i] < routing.same_target_retries;
+        match verdict {
+            Verdict::Transient if may_retry => {
+                self.retries[i] += 1;
+                return Next::Again;
+            }
+            Verdict::Throttled(retry_after) => {
+                let wait = retry_after.unwrap_or(DEFAULT_COOLDOWN);
+                let until = now_ms() + wait.as_millis() as u64;
+                self.runtime.state.cool_down(self.key(i), until);
+                self.cooled_until_ms.push(until);
+                let fits = retry_after.is_some_and(|w| w <= routing.max_retry_wait && Instant::now() + w < self.deadline);
+                if may_retry && fits {
+                    self.retries[i] += 1;
+                    tokio::time::sleep(wait).await;
+                    return Next::Again;
+                }
+            }
+            Verdict::NotServed => {
+                let until = now_ms() + routing.not_served_ttl.as_millis() as u64;
+                self.runtime.state.mark_not_served(self.key(i), until);
+            }
+            Verdict::ContextTooLong => {
+                let deployment = self.plan.candidates[i].deployment.clone();
+                for (j, candidate) in self.plan.candidates.iter().enumerate() {
+                    if candidate.deployment == deployment {
+                        self.standing[j] = Standing::Spent;
+                    }
+                }
+                self.context_fallback = Some((self.plan.candidates[i].backend, failure));
+                return Next::Move;
+            }
+            Verdict::CredentialRejected => {
+                tracing::warn!(backend = %self.backend_name(&self.plan.candidates[i]), "the backend rejected its own credential (401/403); check its api_key");
+            }
+            Verdict::OutOfTime => return Next::OutOfTime,
+            Verdict::ClientError => {
+                return Next::Return(Ending::Upstream {
+                    backend: self.plan.candidates[i].backend,
+                    failure,
+                })
+            }
+            Verdict::Transient | Verdict::TimedOut => {}
+        }
+        self.standing[i] = Standing::Spent;
+        Next::Move
+    }
+
+    /// The answer when no attempt succeeded.
+    fn ending(mut self, trail: &Trail, out_of_time: bool) -> Ending {
+        if let Some((backend, failure)) = self.context_fallback.take() {
+            return Ending::Upstream { backend, failure };
+        }
+        let alias = self.alias.to_owned();
+        if trail.attempts.is_empty() {
+            return Ending::Error(self.nothing_to_try());
+        }
+        if out_of_time {
+            return Ending::Error(GatewayError::UpstreamTimeout(alias));
+        }
+        let telling: Vec<Verdict> = self.verdicts.iter().copied().filter(|v| *v != Verdict::NotServed).collect();
+        let error = if telling.is_empty() {
+            self.nothing_to_try()
+        } else if telling.iter().all(|v| matches!(v, Verdict::Throttled(_))) {
+            GatewayError::UpstreamRateLimited {
+                alias,
+                retry_after: self.soonest_free(),
+            }
+        } else if telling.iter().all(|v| matches!(v, Verdict::TimedOut | Verdict::OutOfTime)) {
+            GatewayError::UpstreamTimeout(alias)
+        } else {
+            GatewayError::UpstreamFailed(alias)
+        };
+        Ending::Error(error)
+    }
+
+    /// The wait until the soonest cooling target frees up.
+    fn soonest_free(&self) -> Duration {
+        let excluded = self.plan.excluded.iter().filter_map(|(_, reason)| match reason {
+            Excluded::CoolingDown { until_ms } => Some(*until_ms),
+            _ => None,
+        });
+        let soonest = excluded.chain(self.cooled_until_ms.iter().copied()).min();
+        let now = now_ms();
+        Duration::from_millis(soonest.map(|u| u.saturating_sub(now)).unwrap_or(1000).max(1))
+    }
+
+    /// Why nothing (more) could be asked: every target was excluded or taught us it lacks the model.
+    fn nothing_to_try(&self) -> GatewayError {
+        let alias = self.alias.to_owned();
+        let reasons: Vec<Excluded> = self.plan.excluded.iter().map(|(_, r)| *r).collect();
+        if reasons.iter().any(|r| matches!(r, Excluded::CoolingDown { .. })) {
+            return GatewayError::UpstreamRateLimited {
+                alias,
+                retry_after: self.soonest_free(),
+            };
+        }
+        let message = if !reasons.is_empty() && reasons.iter().all(|r| *r == Excluded::Region) {
+            format!("no backend in the regions this key may use serves `{alias}`")
+        } else if !reasons.is_empty() && reasons.iter().all(|r| *r == Excluded::Unsupported) {
+            format!("the backends of `{alias}` use a provider that cannot serve this operation yet")
+        } else {
+            format!("`{alias}` is not served by any of its backends (each answered that it lacks the deployment, or is outside the regions this key may use)")
+        };
+        GatewayError::NoBackendAvailable(message)
+    }
+}
+
+enum Next {
+    Again,
+    Move,
+    OutOfTime,
+    Return(Ending),
+}

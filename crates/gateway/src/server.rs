@@ -1,0 +1,78 @@
+//! Listeners: accept loops serving HTTP/1.1 and h2 on the client and admin ports, with header
+//! limits, and graceful shutdown that lets in-flight requests finish.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::body::Body;
+
+/// Request heads (request line and headers) larger than this get 431.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+const MAX_HEADERS: usize = 128;
+/// How long shutdown waits for in-flight requests.
+const DRAIN: Duration = Duration::from_secs(30);
+
+fn builder() -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_buf_size(MAX_HEAD_BYTES.max(8192))
+        .max_headers(MAX_HEADERS)
+        .keep_alive(true);
+    builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
+    builder
+}
+
+/// Serves `listener` with `handler` until `shutdown` flips, then drains.
+pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: watch::Receiver<bool>)
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    let builder = builder();
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let handler = handler.clone();
+                let service = service_fn(move |request| {
+                    let future = handler(request);
+                    async move { Ok::<_, Infallible>(future.await) }
+                });
+                let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                });
+            }
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+        tracing::warn!("shutdown: connections still open after {DRAIN:?}, closing them");
+    }
+}

@@ -1,0 +1,147 @@
+//! The upstream client: one pooled keep-alive client per backend (HTTP/1.1 and h2, rustls for
+//! https), and one attempt's transport outcome with its timeouts.
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use onedoor_config::Backend;
+use tokio::time::Instant;
+
+use crate::provider::WireRequest;
+
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// Error bodies are read to classify them (not-served, context length); more than this is not an
+/// error body anyone needs.
+const MAX_ERROR_BODY: usize = 1 << 20;
+
+pub fn client_for(backend: &Backend) -> UpstreamClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(backend.timeouts.connect));
+    let https = HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(1024)
+        .build(https)
+}
+
+/// How an attempt failed before it produced a usable answer.
+#[derive(Debug)]
+pub enum Failure {
+    ConnectError(String),
+    /// The connection closed or reset before a whole response arrived.
+    Reset(String),
+    ConnectTimeout,
+    FirstTokenTimeout,
+    /// The request's total time ran out.
+    Timeout,
+    /// The upstream answered with a non-success status; its body has been read.
+    Status {
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    },
+}
+
+impl Failure {
+    /// What went wrong at the transport level, for logs (never a body, which may echo a prompt).
+    pub fn detail(&self) -> &str {
+        match self {
+            Failure::ConnectError(detail) | Failure::Reset(detail) => detail,
+            Failure::ConnectTimeout => "connect timeout",
+            Failure::FirstTokenTimeout => "first token timeout",
+            Failure::Timeout => "total timeout",
+            Failure::Status { .. } => "error status",
+        }
+    }
+
+    /// The outcome word of `x-onedoor-attempts`.
+    pub fn label(&self) -> String {
+        match self {
+            Failure::ConnectError(_) => "connect_error".into(),
+            Failure::Reset(_) => "reset".into(),
+            Failure::ConnectTimeout | Failure::Timeout => "timeout".into(),
+            Failure::FirstTokenTimeout => "first_token_timeout".into(),
+            Failure::Status { status, .. } => status.as_u16().to_string(),
+        }
+    }
+}
+
+/// Sends one request and waits for its response headers, at most until `first_token_by`.
+/// A non-success answer is read whole so it can be classified.
+pub async fn send(
+    client: &UpstreamClient,
+    wire: WireRequest,
+    first_token_by: Instant,
+    deadline: Instant,
+) -> Result<Response<Incoming>, Failure> {
+    let mut request = Request::post(wire.uri);
+    if let Some(headers) = request.headers_mut() {
+        *headers = wire.headers;
+    }
+    let request = request
+        .body(Full::new(wire.body))
+        .map_err(|e| Failure::ConnectError(e.to_string()))?;
+    let response = match tokio::time::timeout_at(first_token_by.min(deadline), client.request(request)).await {
+        Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
+        Err(_) => return Err(Failure::Timeout),
+        Ok(Err(error)) => return Err(transport_failure(&error)),
+        Ok(Ok(response)) => response,
+    };
+    if response.status().is_success() {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    let body = match tokio::time::timeout_at(deadline, Limited::new(body, MAX_ERROR_BODY).collect()).await {
+        Err(_) => return Err(Failure::Timeout),
+        Ok(Err(error)) => return Err(Failure::Reset(error.to_string())),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    Err(Failure::Status {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    })
+}
+
+fn transport_failure(error: &hyper_util::client::legacy::Error) -> Failure {
+    let mut source = error.source();
+    let mut timed_out = false;
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        source = cause.source();
+    }
+    match (error.is_connect(), timed_out) {
+        (true, true) => Failure::ConnectTimeout,
+        (true, false) => Failure::ConnectError(describe(error)),
+        (false, _) => Failure::Reset(describe(error)),
+    }
+}
+
+/// The error and its causes in one line, for logs.
+fn describe(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

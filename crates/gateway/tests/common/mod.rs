@@ -1,0 +1,164 @@
+//! The test harness: a simulated fleet, a gateway in front of it on ephemeral ports, and a small
+//! HTTP client, so a failover test reads as a few sentences.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use onedoor_gateway::Running;
+pub use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+
+pub const KEY: &str = "test-client-key";
+pub const OTHER_KEY: &str = "other-tenant-key";
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+
+pub fn key_hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+pub struct Harness {
+    pub fleet: Fleet,
+    pub gateway: Running,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    pub fn attempts(&self) -> &str {
+        self.header("x-onedoor-attempts")
+    }
+
+    /// The error code of a gateway error answer.
+    pub fn code(&self) -> String {
+        self.json()["error"]["code"].as_str().unwrap_or("").to_owned()
+    }
+}
+
+/// A loopback port with nothing listening on it.
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+impl Harness {
+    /// Starts `specs` and a gateway whose config is `config` with `{url:NAME}` replaced by each
+    /// endpoint's URL. The tenant `team` (key `KEY`) and `other` (key `OTHER_KEY`) are appended
+    /// unless the config has its own `tenants:`.
+    pub async fn start(specs: Vec<EndpointSpec>, config: &str) -> Harness {
+        let fleet = Fleet::start(specs).await.expect("fleet starts");
+        let mut yaml = config.to_owned();
+        for endpoint in fleet.endpoints() {
+            yaml = yaml.replace(&format!("{{url:{}}}", endpoint.name()), &endpoint.url());
+        }
+        if !yaml.contains("tenants:") {
+            yaml.push_str(&format!(
+                "tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n  - name: other\n    models: [chat]\n    keys: [{{ id: other-key, sha256: {} }}]\n",
+                key_hash(KEY),
+                key_hash(OTHER_KEY)
+            ));
+        }
+        if !yaml.contains("admin:") {
+            yaml.push_str(&format!("admin: {{ token: {ADMIN_TOKEN} }}\n"));
+        }
+        let snapshot = match onedoor_config::parse(&yaml, Path::new("test.yaml"), &|_| None) {
+            Ok(snapshot) => snapshot,
+            Err(problems) => panic!("test config invalid: {problems:#?}\n{yaml}"),
+        };
+        let client_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gateway = onedoor_gateway::start_on(snapshot, client_listener, admin_listener);
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        Harness { fleet, gateway, client }
+    }
+
+    pub fn endpoint(&self, name: &str) -> &onedoor_mock::Endpoint {
+        self.fleet.endpoint(name).unwrap_or_else(|| panic!("no endpoint {name}"))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.gateway.addr(), path)
+    }
+
+    pub async fn send(&self, method: Method, url: String, headers: &[(&str, &str)], body: Bytes) -> Answer {
+        let mut request = Request::builder().method(method).uri(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(body)).unwrap();
+        let response = tokio::time::timeout(Duration::from_secs(30), self.client.request(request))
+            .await
+            .expect("the gateway answers within 30 s")
+            .expect("the gateway answers");
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
+    /// POSTs JSON to the client port with the team's key.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> Answer {
+        let auth = format!("Bearer {KEY}");
+        self.send(
+            Method::POST,
+            self.url(path),
+            &[("authorization", &auth), ("content-type", "application/json")],
+            Bytes::from(body.to_string()),
+        )
+        .await
+    }
+
+    /// A chat completion on `/v1` for `model`.
+    pub async fn chat(&self, model: &str) -> Answer {
+        self.post("/v1/chat/completions", chat_body(model, false)).await
+    }
+
+    pub async fn admin_get(&self, path: &str, token: Option<&str>) -> Answer {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        let url = format!("http://{}{}", self.gateway.admin_addr(), path);
+        self.send(Method::GET, url, &headers, Bytes::new()).await
+    }
+}
+
+pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Hello there"}]
+    })
+}
+
+/// Polls `condition` every 10 ms for up to 5 s.
+pub async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if condition() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    condition()
+}

@@ -1,0 +1,30 @@
+//! The faults and pacing an endpoint or deployment is told to show, changeable at runtime.
+
+use serde::{Deserialize, Serialize};
+
+/// How an endpoint (or one deployment, overriding its endpoint) answers.
+/// The default is a healthy, instant upstream.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Behavior {
+    /// Answer every request with this status and the dialect's matching error body.
+    pub status: Option<u16>,
+    /// Fraction (0..1) of requests answered 500, spread evenly so tests are deterministic.
+    pub error_rate: f64,
+    /// Accept the request and never answer, keeping the connection open.
+    pub hang: bool,
+    /// Send 200 headers, then never a body byte.
+    pub headers_then_hang: bool,
+    /// Close the TCP connection (with a reset) without any response.
+    pub reset: bool,
+    /// Streaming: drop the connection after this many content chunks.
+    pub cut_after: Option<u32>,
+    /// Delay before the first byte of the answer: headers for plain answers, first content chunk for streams.
+    pub ttft_ms: u64,
+    /// Gap between stream chunks.
+    pub inter_token_ms: u64,
+    /// Retry-After carried by 429s, overriding the real time until the quota frees.
+    pub retry_after_s: Option<u64>,
+    /// Length of the reply in words (default 8).
+    pub reply_words: Option<u32>,
+}

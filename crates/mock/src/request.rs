@@ -1,0 +1,132 @@
+//! What the mock reads from a chat request: its size in tokens, its limits and its streaming options.
+
+use serde_json::Value;
+
+use crate::dialect::Reject;
+
+/// A prompt containing this word trips the (Azure) input content filter.
+pub const FLAGGED_WORD: &str = "forbidden-word";
+
+/// What admission charges for completion tokens when the request sets no maximum.
+const DEFAULT_MAX_TOKENS: u64 = 16;
+
+pub struct Chat {
+    /// The estimate: all message text in chars / 4, rounded up, plus 3 per message.
+    pub prompt_tokens: u64,
+    pub max_tokens: Option<u64>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// The last message is the assistant's, so the reply continues it.
+    pub prefill: bool,
+    pub flagged: bool,
+}
+
+impl Chat {
+    /// Reads an OpenAI (or Azure) chat completion request.
+    pub fn openai(body: &Value) -> Result<Chat, Reject> {
+        let max_tokens = body
+            .get("max_completion_tokens")
+            .or_else(|| body.get("max_tokens"))
+            .and_then(Value::as_u64);
+        Chat::measure(body, messages(body)?, None, max_tokens)
+    }
+
+    /// Reads an Anthropic Messages request, where `max_tokens` is required and `system` is top-level.
+    pub fn anthropic(body: &Value) -> Result<Chat, Reject> {
+        let messages = messages(body)?;
+        let max_tokens = body.get("max_tokens").ok_or(Reject::Missing("max_tokens"))?;
+        let max_tokens = max_tokens.as_u64().ok_or_else(|| {
+            Reject::Invalid("max_tokens: Input should be a valid integer".to_owned())
+        })?;
+        Chat::measure(body, messages, body.get("system"), Some(max_tokens))
+    }
+
+    fn measure(
+        body: &Value,
+        messages: &[Value],
+        system: Option<&Value>,
+        max_tokens: Option<u64>,
+    ) -> Result<Chat, Reject> {
+        let texts: Vec<String> = system
+            .into_iter()
+            .chain(messages.iter().map(|m| &m["content"]))
+            .map(text_of)
+            .collect();
+        let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+        Ok(Chat {
+            prompt_tokens: estimate(chars) + 3 * texts.len() as u64,
+            max_tokens,
+            stream: body["stream"].as_bool().unwrap_or(false),
+            include_usage: body["stream_options"]["include_usage"]
+                .as_bool()
+                .unwrap_or(false),
+            prefill: messages.last().is_some_and(|m| m["role"] == "assistant"),
+            flagged: texts.iter().any(|t| t.contains(FLAGGED_WORD)),
+        })
+    }
+
+    /// Tokens charged at admission: the prompt plus everything the reply may use.
+    pub fn cost(&self) -> u64 {
+        self.prompt_tokens + self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)
+    }
+}
+
+fn messages(body: &Value) -> Result<&[Value], Reject> {
+    match body.get("messages") {
+        None | Some(Value::Null) => Err(Reject::Missing("messages")),
+        Some(Value::Array(items)) => Ok(items),
+        Some(_) => Err(Reject::Invalid("messages: Input should be a valid list".to_owned())),
+    }
+}
+
+/// The text of a message content: a string, or parts and blocks (text, tool results) holding text.
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts.iter().map(text_of).collect(),
+        Value::Object(part) => [part.get("text"), part.get("content")]
+            .into_iter()
+            .flatten()
+            .map(text_of)
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// The mock's tokenizer: four characters to a token, rounded up.
+pub fn estimate(chars: usize) -> u64 {
+    chars.div_ceil(4) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn estimates_text_and_message_overhead() {
+        let body = json!({"messages": [
+            {"role": "system", "content": "12345"},
+            {"role": "user", "content": [{"type": "text", "text": "abc"}]},
+        ]});
+        let chat = Chat::openai(&body).unwrap();
+        assert_eq!(chat.prompt_tokens, 2 + 6);
+        assert_eq!(chat.cost(), 8 + 16);
+        assert!(!chat.prefill && !chat.stream);
+    }
+
+    #[test]
+    fn anthropic_counts_system_and_sees_prefill() {
+        let body = json!({"max_tokens": 5, "system": "abcd", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Sure,"},
+        ]});
+        let chat = Chat::anthropic(&body).unwrap();
+        assert_eq!(chat.prompt_tokens, 3 + 9);
+        assert!(chat.prefill);
+        assert!(matches!(
+            Chat::anthropic(&json!({"messages": []})),
+            Err(Reject::Missing("max_tokens"))
+        ));
+    }
+}

@@ -1,0 +1,190 @@
+//! `onedoor demo`: a simulated fleet on loopback (subscriptions in several regions, one throttled,
+//! one down, an Anthropic endpoint) and the gateway in front of it, on an embedded config.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
+
+use crate::keys::{new_key, sha256_hex};
+use crate::{problems_text, stopped, Failure};
+
+/// Upstreams that answer like real ones: a first token after a pause, then a steady trickle.
+fn lifelike() -> Behavior {
+    Behavior {
+        ttft_ms: 120,
+        inter_token_ms: 25,
+        reply_words: Some(12),
+        ..Behavior::default()
+    }
+}
+
+fn fleet_specs() -> Vec<EndpointSpec> {
+    let gpt4o = || DeploymentSpec::new("gpt-4o").model("gpt-4o-2024-11-20");
+    let embed = || DeploymentSpec::new("text-embedding-3-large");
+    vec![
+        EndpointSpec::azure("sub1-swedencentral-ptu", "swedencentral")
+            .deployment(gpt4o())
+            .deployment(embed()),
+        EndpointSpec::azure("sub1-francecentral", "francecentral")
+            .deployment(gpt4o())
+            .deployment(DeploymentSpec::new("gpt-4o-mini").model("gpt-4o-mini-2024-07-18"))
+            .deployment(embed()),
+        EndpointSpec::azure("sub2-norwayeast", "norwayeast").deployment(gpt4o()),
+        EndpointSpec::azure("sub2-westeurope-throttled", "westeurope").deployment(gpt4o().rpm(1)),
+        EndpointSpec::azure("sub3-eastus", "eastus")
+            .deployment(gpt4o())
+            .deployment(DeploymentSpec::new("gpt-4.1").model("gpt-4.1-2025-04-14")),
+        EndpointSpec::anthropic("anthropic-eu", "europe")
+            .deployment(DeploymentSpec::new("claude-sonnet-4-5").model("claude-sonnet-4-5-20250929")),
+    ]
+    .into_iter()
+    .map(|spec| spec.behavior(lifelike()))
+    .collect()
+}
+
+/// A loopback port nothing listens on: the "down" subscription.
+fn closed_port() -> Result<u16, Failure> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Failure::Runtime(e.to_string()))?;
+    let port = listener.local_addr().map_err(|e| Failure::Runtime(e.to_string()))?.port();
+    drop(listener);
+    Ok(port)
+}
+
+fn url(fleet: &Fleet, name: &str) -> String {
+    fleet.endpoint(name).map(|e| e.url()).unwrap_or_default()
+}
+
+fn config_yaml(fleet: &Fleet, port: u16, down_port: u16, key_hash: &str, admin_token: &str) -> String {
+    let azure = |name: &str, region: &str, url: &str| {
+        format!("  - {{ name: {name}, provider: azure, region: {region}, url: \"{url}\", api_version: 2024-10-21 }}\n")
+    };
+    let mut backends = String::new();
+    for (name, region) in [
+        ("sub1-swedencentral-ptu", "swedencentral"),
+        ("sub1-francecentral", "francecentral"),
+        ("sub2-norwayeast", "norwayeast"),
+        ("sub2-westeurope-throttled", "westeurope"),
+        ("sub3-eastus", "eastus"),
+    ] {
+        backends.push_str(&azure(name, region, &url(fleet, name)));
+    }
+    backends.push_str(&azure("sub4-eastus2-down", "eastus2", &format!("http://127.0.0.1:{down_port}")));
+    let _ = writeln!(
+        backends,
+        "  - {{ name: anthropic-eu, provider: anthropic, region: europe, url: \"{}\" }}",
+        url(fleet, "anthropic-eu")
+    );
+    format!(
+        r#"listen: 127.0.0.1:{port}
+admin: {{ listen: 127.0.0.1:0, token: "{admin_token}" }}
+usage: {{ store: "off" }}
+routing: {{ max_attempts: 4, not_served_ttl: 10m, timeouts: {{ connect: 1s, first_token: 20s }} }}
+regions:
+  eu: [swedencentral, francecentral, norwayeast, westeurope]
+  us: [eastus, eastus2]
+backends:
+{backends}models:
+  - name: chat-default
+    targets:
+      - {{ backend: sub1-swedencentral-ptu, deployment: gpt-4o, priority: 1 }}
+      - {{ backend: sub2-westeurope-throttled, deployment: gpt-4o, priority: 2 }}
+      - {{ backend: sub1-francecentral, deployment: gpt-4o, priority: 2, weight: 3 }}
+      - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2, weight: 1 }}
+      - {{ backend: sub4-eastus2-down, deployment: gpt-4o, priority: 3 }}
+  - name: chat-mini
+    targets:
+      - {{ backend: sub1-francecentral, deployment: gpt-4o-mini }}
+  - name: embed-default
+    targets:
+      - {{ backend: sub1-swedencentral-ptu, deployment: text-embedding-3-large }}
+      - {{ backend: sub1-francecentral, deployment: text-embedding-3-large }}
+  - name: "*"
+    targets:
+      - {{ backends: [sub4-eastus2-down, sub1-swedencentral-ptu, sub1-francecentral, sub2-norwayeast, sub3-eastus] }}
+tenants:
+  - name: demo
+    keys:
+      - {{ id: demo-key, sha256: {key_hash} }}
+"#
+    )
+}
+
+fn examples(url: &str, key: &str, admin: &str, admin_token: &str) -> String {
+    format!(
+        r#"
+Paste into a shell:
+
+export ONEDOOR_URL={url}
+export ONEDOOR_KEY={key}
+
+curl (the gateway's headers say which backend answered and what it tried):
+
+curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"chat-default","messages":[{{"role":"user","content":"Hello"}}]}}'
+
+curl -sN $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"chat-default","stream":true,"messages":[{{"role":"user","content":"Hello"}}]}}'
+
+curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"gpt-4.1","messages":[{{"role":"user","content":"Which endpoint serves gpt-4.1?"}}]}}'
+
+The openai Python SDK (pip install openai):
+
+python3 - <<'PY'
+import os
+from openai import OpenAI
+client = OpenAI(base_url=os.environ["ONEDOOR_URL"] + "/v1", api_key=os.environ["ONEDOOR_KEY"])
+reply = client.chat.completions.create(model="chat-default", messages=[{{"role": "user", "content": "Hello"}}])
+print(reply.choices[0].message.content)
+for chunk in client.chat.completions.create(model="chat-default", messages=[{{"role": "user", "content": "Stream, please"}}], stream=True):
+    if chunk.choices and chunk.choices[0].delta.content:
+        print(chunk.choices[0].delta.content, end="", flush=True)
+print()
+PY
+
+The AzureOpenAI client (only the endpoint and the key change):
+
+python3 - <<'PY'
+import os
+from openai import AzureOpenAI
+client = AzureOpenAI(azure_endpoint=os.environ["ONEDOOR_URL"], api_key=os.environ["ONEDOOR_KEY"], api_version="2024-10-21")
+reply = client.chat.completions.create(model="chat-default", messages=[{{"role": "user", "content": "Hello"}}])
+print(reply.choices[0].message.content)
+print(len(client.embeddings.create(model="embed-default", input="Hello").data[0].embedding), "dimensions")
+PY
+
+What the gateway has learned (not-served deployments, cooldowns):
+
+curl -s {admin}/admin/backends -H "Authorization: Bearer {admin_token}"
+
+Ctrl-C stops it all.
+"#
+    )
+}
+
+pub async fn run(port: u16) -> Result<(), Failure> {
+    let fleet = Fleet::start(fleet_specs())
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot start the simulated fleet: {e}")))?;
+    let key = new_key();
+    let admin_token = new_key();
+    let yaml = config_yaml(&fleet, port, closed_port()?, &sha256_hex(&key), &admin_token);
+    let snapshot = onedoor_config::parse(&yaml, Path::new("<demo>"), &|_| None)
+        .map_err(|p| Failure::Runtime(format!("the embedded demo config is invalid:\n{}", problems_text(&p))))?;
+    let running = onedoor_gateway::start(snapshot)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on 127.0.0.1:{port}: {e} (try --port)")))?;
+    println!(
+        "onedoor demo: the gateway listens on http://{} in front of {} simulated upstreams (and one that is down):",
+        running.addr(),
+        fleet.endpoints().len()
+    );
+    for endpoint in fleet.endpoints() {
+        println!("  {:<28} {}", endpoint.name(), endpoint.url());
+    }
+    let url = format!("http://{}", running.addr());
+    let admin = format!("http://{}", running.admin_addr());
+    println!("{}", examples(&url, &key, &admin, &admin_token));
+    stopped().await;
+    running.shutdown().await;
+    fleet.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! The `onedoor` command line: `serve`, `demo`, `validate`, `keys new`, `mock`. Each command
+//! wires parts together; the parts hold the logic.
+
+mod demo;
+mod keys;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "onedoor", version, about = "One door to many model endpoints: an LLM gateway.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway on a config file.
+    Serve {
+        /// The config file (YAML).
+        #[arg(long, env = "ONEDOOR_CONFIG", default_value = "onedoor.yaml")]
+        config: PathBuf,
+    },
+    /// Run the gateway in front of a simulated fleet of upstreams, on an embedded config.
+    Demo {
+        /// The client port on 127.0.0.1.
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+    },
+    /// Check a config file without starting anything.
+    Validate {
+        /// The config file (YAML).
+        #[arg(long, env = "ONEDOOR_CONFIG", default_value = "onedoor.yaml")]
+        config: PathBuf,
+    },
+    /// Client keys.
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Run simulated upstreams only (for tests, benchmarks and trying configs).
+    Mock {
+        /// The fleet description (YAML with `endpoints:`).
+        #[arg(long, default_value = "mock.yaml")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Print a fresh random client key and its `sha256:` hash for the config.
+    New,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs();
+    match cli.command {
+        Command::Validate { config } => validate(&config),
+        Command::Keys {
+            command: KeysCommand::New,
+        } => {
+            print!("{}", keys::new_key_text());
+            ExitCode::SUCCESS
+        }
+        Command::Serve { config } => run(serve(config)),
+        Command::Demo { port } => run(demo::run(port)),
+        Command::Mock { config } => run(mock(config)),
+    }
+}
+
+fn init_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ONEDOOR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Runs an async command on a multi-threaded runtime; its error is a runtime failure (exit 2)
+/// unless it says it was bad input (exit 1).
+fn run(command: impl std::future::Future<Output = Result<(), Failure>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("onedoor: cannot start the async runtime: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::BadInput(message)) => {
+            eprintln!("{message}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Runtime(message)) => {
+            eprintln!("onedoor: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+pub enum Failure {
+    BadInput(String),
+    Runtime(String),
+}
+
+fn problems_text(problems: &[onedoor_config::Problem]) -> String {
+    problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n")
+}
+
+fn validate(config: &std::path::Path) -> ExitCode {
+    match onedoor_config::load(config) {
+        Ok(snapshot) => {
+            println!("{}", onedoor_config::summary(&snapshot));
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            println!("{}", problems_text(&problems));
+            eprintln!("{} problem(s) in {}", problems.len(), config.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(config: PathBuf) -> Result<(), Failure> {
+    let snapshot = onedoor_config::load(&config).map_err(|p| Failure::BadInput(problems_text(&p)))?;
+    let running = onedoor_gateway::start(snapshot)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen: {e}")))?;
+    tracing::info!(addr = %running.addr(), admin = %running.admin_addr(), config = %config.display(), "onedoor is serving");
+    stopped().await;
+    tracing::info!("shutting down: in-flight requests finish first");
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn mock(config: PathBuf) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(&config)
+        .map_err(|e| Failure::BadInput(format!("cannot read {}: {e}", config.display())))?;
+    let fleet = onedoor_mock::run_from_yaml(&text).await.map_err(Failure::BadInput)?;
+    for endpoint in fleet.endpoints() {
+        println!("{}\t{}", endpoint.name(), endpoint.url());
+    }
+    stopped().await;
+    fleet.shutdown().await;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn stopped() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(_) => {
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
