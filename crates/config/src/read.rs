@@ -183,7 +183,7 @@ pub(crate) fn name<'a>(node: &'a Node, p: &mut Problems) -> Option<&'a str> {
 /// A secret: any non-empty string, never quoted back in a problem.
 pub(crate) fn secret(node: &Node, key: &str, p: &mut Problems) -> Option<Secret> {
     match &node.value {
-        Value::Scalar(s) if s.text.is_empty() => {
+        Value::Scalar(s) if s.text.trim().is_empty() => {
             p.at(node.mark, format!("{key} is empty"));
             None
         }

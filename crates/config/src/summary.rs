@@ -1,5 +1,5 @@
 //! The one-paragraph description `onedoor validate` prints for a good config. It names things and
-//! counts them; it never prints a secret or a store URL (which may carry a password).
+//! counts them; it never prints a secret or a network store URL (which may carry a password).
 
 use std::fmt::Write;
 
@@ -36,17 +36,26 @@ pub(crate) fn summary(s: &Snapshot) -> String {
         .map(|t| format!("{} ({})", t.name, plural(t.keys.len(), "key")))
         .collect();
     out.push_str(&counted(tenants.len(), "tenant", &tenants));
+    if s.tenants.is_empty() {
+        out.push_str(" (no client key is accepted until one is added)");
+    }
     let store = match s.state.store {
         StoreKind::Memory => "in memory",
         StoreKind::Redis => "in redis",
     };
     let usage = match s.usage.store.split_once("://") {
+        Some(("sqlite", _)) => format!("usage recorded to {}", s.usage.store),
         Some((scheme, _)) => format!("usage recorded to {scheme}"),
         None => "usage recording off".to_owned(),
     };
+    let admin = if s.admin.token.is_some() {
+        ""
+    } else {
+        " (no token: /admin/* answers 401)"
+    };
     let _ = write!(
         out,
-        ". Clients on {}, admin on {}; state {store}; {usage}.",
+        ". Clients on {}, admin on {}{admin}; state {store}; {usage}.",
         s.listen, s.admin.listen
     );
     out

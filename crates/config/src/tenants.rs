@@ -141,6 +141,12 @@ fn models(node: &Node, known: &Models, p: &mut Problems) -> Vec<String> {
     let Some(items) = read::list(node, p) else {
         return Vec::new();
     };
+    if items.is_empty() {
+        p.at(
+            node.mark,
+            "models: [] would refuse every request; leave it out to allow every alias",
+        );
+    }
     let mut names = Vec::with_capacity(items.len());
     for item in items {
         let Some(name) = read::name(item, p) else {
@@ -171,6 +177,12 @@ fn regions(node: &Node, known: &Known, p: &mut Problems) -> Vec<String> {
     let Some(items) = read::list(node, p) else {
         return Vec::new();
     };
+    if items.is_empty() {
+        p.at(
+            node.mark,
+            "regions: [] would refuse every request; leave it out to allow any region",
+        );
+    }
     let mut regions: Vec<String> = Vec::new();
     for item in items {
         let Some(name) = read::name(item, p) else {
@@ -278,6 +290,8 @@ tenants:
       - {{ id: k3, sha256: secret-looking-value }}
   - name: t
     keys: [{{ id: k1, sha256: {a}0 }}]
+    models: []
+    regions: []
 "
         )));
         assert_eq!(
@@ -291,6 +305,8 @@ tenants:
                 "16:11: duplicate tenant name \"t\" (first defined at 9:11)",
                 "17:18: duplicate key id \"k1\" (first defined at 13:15)",
                 "17:30: expected a sha256 digest: 64 hex digits, optionally prefixed \"sha256:\" (found 65 characters)",
+                "18:13: models: [] would refuse every request; leave it out to allow every alias",
+                "19:14: regions: [] would refuse every request; leave it out to allow any region",
             ]
         );
         assert!(found.iter().all(|p| !p.contains("secret-looking-value")));

@@ -38,7 +38,13 @@ impl Node {
     /// What this node is, for "expected X, found Y" messages. Scalars are quoted as written.
     pub fn found(&self) -> String {
         match &self.value {
-            Value::Scalar(s) => format!("{:?}", s.written.as_deref().unwrap_or(&s.text)),
+            Value::Scalar(Scalar {
+                written: Some(written),
+                ..
+            }) => {
+                format!("{written:?} (its value is not shown)")
+            }
+            Value::Scalar(s) => format!("{:?}", s.text),
             Value::Map(_) => "a map".to_owned(),
             Value::Seq(_) => "a list".to_owned(),
             Value::Null | Value::Invalid => "nothing".to_owned(),
@@ -62,14 +68,30 @@ pub(crate) fn parse(text: &str, problems: &mut Problems) -> Option<Node> {
     let mut parser = Parser::new_from_str(text);
     if let Err(e) = parser.load(&mut builder, false) {
         let m = e.marker();
+        let line = text.lines().nth(m.line().saturating_sub(1)).unwrap_or("");
+        // `{ api_key: ${KEY} }` is the easy mistake: in flow style, braces end a plain value.
+        let hint = if e.info().contains("flow") && line.contains("${") {
+            " (inside { } or [ ], quote a value that contains ${...}: \"${NAME}\")"
+        } else {
+            ""
+        };
         problems.at(
             Mark {
                 line: m.line(),
                 col: m.col() + 1,
             },
-            format!("invalid YAML: {}", e.info()),
+            format!("invalid YAML: {}{hint}", e.info()),
         );
         return None;
+    }
+    // One file is one config: a second `---` document would otherwise be ignored without a word.
+    if let Ok((event, at)) = parser.next_token() {
+        if event != Event::StreamEnd {
+            problems.at(
+                mark(at),
+                "a config file holds one YAML document; remove this second one",
+            );
+        }
     }
     problems.extend(builder.problems);
     Some(builder.root.unwrap_or(Node {
@@ -293,6 +315,27 @@ mod tests {
         assert!(node.is_none());
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("invalid YAML"), "{problems:?}");
+    }
+
+    #[test]
+    fn unquoted_references_in_flow_style_get_a_hint() {
+        let (_, problems) = tree("a: { k: ${KEY} }\n");
+        assert_eq!(
+            problems,
+            ["1:10: invalid YAML: while parsing a flow mapping, did not find expected ',' or '}' \
+              (inside { } or [ ], quote a value that contains ${...}: \"${NAME}\")"]
+        );
+    }
+
+    #[test]
+    fn a_second_document_is_a_problem() {
+        let (_, problems) = tree("a: 1\n---\nb: 2\n");
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].starts_with("2:1: a config file holds one YAML document"),
+            "{problems:?}"
+        );
+        assert!(tree("---\na: 1\n...\n").1.is_empty());
     }
 
     #[test]

@@ -118,28 +118,33 @@ pub fn silent(watch: Watch) -> Body {
     play(VecDeque::new(), End::Hang, watch)
 }
 
-/// Plays a stream script with the behaviour's pacing, cutting it after `cut_after` content chunks.
+/// Plays a stream script: the first event waits for time-to-first-token, each later content
+/// chunk (and the finish after them) for the inter-token gap; `cut_after` fails the body
+/// after that many content chunks.
 pub fn scripted(script: Script, b: &Behavior, watch: Watch) -> Body {
-    let ttft = Duration::from_millis(b.ttft_ms);
     let gap = Duration::from_millis(b.inter_token_ms);
     let cut = b
         .cut_after
         .map(|n| n as usize)
         .filter(|&n| n < script.content.len());
+    let had_content = !script.content.is_empty();
     let mut frames: VecDeque<_> = script
         .preamble
         .into_iter()
         .map(|e| (Duration::ZERO, e))
         .collect();
     let paced = script.content.into_iter().take(cut.unwrap_or(usize::MAX));
-    frames.extend(paced.enumerate().map(|(i, e)| (if i == 0 { ttft } else { gap }, e)));
-    if cut.is_some() {
-        return play(frames, End::Cut, watch);
+    frames.extend(paced.enumerate().map(|(i, e)| (if i == 0 { Duration::ZERO } else { gap }, e)));
+    let end = if cut.is_some() {
+        End::Cut
+    } else {
+        let mut tail = script.tail.into_iter();
+        frames.extend(tail.next().map(|e| (if had_content { gap } else { Duration::ZERO }, e)));
+        frames.extend(tail.map(|e| (Duration::ZERO, e)));
+        End::Finish
+    };
+    if let Some(first) = frames.front_mut() {
+        first.0 = Duration::from_millis(b.ttft_ms);
     }
-    // The finishing event follows the last token after a gap (or after ttft when there was no token).
-    let after = if frames.len() > 0 { gap } else { ttft };
-    let mut tail = script.tail.into_iter();
-    frames.extend(tail.next().map(|e| (after, e)));
-    frames.extend(tail.map(|e| (Duration::ZERO, e)));
-    play(frames, End::Finish, watch)
+    play(frames, end, watch)
 }

@@ -1,0 +1,260 @@
+//! The Anthropic Messages wire format: headers it insists on, its error shape, messages and the
+//! named-event stream.
+
+use hyper::{HeaderMap, Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::dialect::{self, Ctx, Op, Payload, Reject, Route, Wire};
+use crate::ident;
+use crate::quota::{Kind, Snapshot};
+use crate::reply::{Finish, Reply};
+use crate::request::Chat;
+use crate::response::put;
+use crate::stream::{named_event, Script};
+
+pub struct Anthropic;
+
+impl Wire for Anthropic {
+    fn route(&self, method: &Method, path: &str, _query: Option<&str>) -> Result<Route, Reject> {
+        if method != Method::POST || path != "/v1/messages" {
+            return Err(Reject::NoRoute);
+        }
+        Ok(Route {
+            op: Op::Chat,
+            deployment: None,
+            api_version: None,
+        })
+    }
+
+    fn check_headers(&self, headers: &HeaderMap, key: Option<&str>) -> Result<(), Reject> {
+        let presented = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        match (key, presented) {
+            (Some(key), Some(p)) if p != key => return Err(Reject::Unauthorized(Some(p.to_owned()))),
+            (Some(_), None) => return Err(Reject::Unauthorized(None)),
+            _ => {}
+        }
+        if !headers.contains_key("anthropic-version") {
+            return Err(Reject::Invalid("anthropic-version: header is required".to_owned()));
+        }
+        Ok(())
+    }
+
+    fn parse_chat(&self, body: &Value) -> Result<Chat, Reject> {
+        Chat::anthropic(body)
+    }
+
+    fn request_id(&self) -> String {
+        ident::token("req_011C", 20)
+    }
+
+    fn reject(&self, reject: &Reject, ctx: &Ctx) -> (StatusCode, Value) {
+        let (status, message) = match reject {
+            Reject::NoRoute => (StatusCode::NOT_FOUND, "Not Found".to_owned()),
+            Reject::Unauthorized(None) => (StatusCode::UNAUTHORIZED, "x-api-key header is required".to_owned()),
+            Reject::Unauthorized(Some(_)) => (StatusCode::UNAUTHORIZED, "invalid x-api-key".to_owned()),
+            Reject::UnknownDeployment(model) => (StatusCode::NOT_FOUND, format!("model: {model}")),
+            Reject::Missing(field) => (StatusCode::BAD_REQUEST, format!("{field}: Field required")),
+            Reject::Invalid(message) => (StatusCode::BAD_REQUEST, message.clone()),
+            Reject::ContentFilter => (
+                StatusCode::BAD_REQUEST,
+                "Output blocked by content filtering policy".to_owned(),
+            ),
+            Reject::ContextTooLong { limit, tokens } => (
+                StatusCode::BAD_REQUEST,
+                format!("prompt is too long: {tokens} tokens > {limit} maximum"),
+            ),
+            Reject::RateLimited { throttle, .. } => (StatusCode::TOO_MANY_REQUESTS, rate_limit_message(throttle.as_ref())),
+            Reject::Status(status) => injected(*status),
+        };
+        (status, error_body(status, &message, &ctx.request_id))
+    }
+
+    fn decorate(&self, h: &mut HeaderMap, ctx: &Ctx, quota: Option<&Snapshot>, retry: Option<u64>) {
+        put(h, "request-id", &ctx.request_id);
+        if let Some(q) = quota {
+            rate_limit_headers(h, q);
+        }
+        if let Some(s) = retry {
+            put(h, "retry-after", s);
+        }
+    }
+
+    fn chat(&self, chat: &Chat, reply: &Reply, model: &str) -> Payload {
+        let message = Message {
+            id: ident::token("msg_01", 22),
+            model,
+            input_tokens: chat.prompt_tokens,
+        };
+        if chat.stream {
+            Payload::Stream(message.events(reply))
+        } else {
+            Payload::Json(message.whole(reply))
+        }
+    }
+}
+
+fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        409 => "conflict_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+fn error_body(status: StatusCode, message: &str, request_id: &str) -> Value {
+    json!({
+        "type": "error",
+        "error": {"type": error_type(status), "message": message},
+        "request_id": request_id,
+    })
+}
+
+fn injected(status: u16) -> (StatusCode, String) {
+    let code = dialect::status_code(status);
+    let message = match code.as_u16() {
+        500 => "Internal server error",
+        529 => "Overloaded",
+        _ => dialect::reason(code),
+    };
+    (code, message.to_owned())
+}
+
+fn rate_limit_message(throttle: Option<&crate::quota::Throttle>) -> String {
+    let Some(t) = throttle else {
+        return "Number of request tokens has exceeded your per-minute rate limit. Please try again later.".to_owned();
+    };
+    let unit = match t.kind {
+        Kind::Requests => "requests",
+        Kind::Tokens => "input tokens",
+    };
+    format!(
+        "This request would exceed the rate limit for your organization of {} {unit} per minute. For details, refer to: https://docs.claude.com/en/api/rate-limits. You can see the response headers for current usage. Please reduce the prompt length or the maximum tokens requested, or try again later.",
+        t.limit
+    )
+}
+
+/// Anthropic reports resets as RFC 3339 instants rather than durations.
+fn rate_limit_headers(h: &mut HeaderMap, q: &Snapshot) {
+    let reset = rfc3339(ident::unix_now() + q.reset.as_secs());
+    if let (Some(limit), Some(remaining)) = (q.limits.rpm, q.remaining_requests) {
+        put(h, "anthropic-ratelimit-requests-limit", limit);
+        put(h, "anthropic-ratelimit-requests-remaining", remaining);
+        put(h, "anthropic-ratelimit-requests-reset", &reset);
+    }
+    if let (Some(limit), Some(remaining)) = (q.limits.tpm, q.remaining_tokens) {
+        put(h, "anthropic-ratelimit-tokens-limit", limit);
+        put(h, "anthropic-ratelimit-tokens-remaining", remaining);
+        put(h, "anthropic-ratelimit-tokens-reset", &reset);
+    }
+}
+
+/// Seconds since the epoch as "2025-08-21T12:40:59Z" (civil-from-days, proleptic Gregorian).
+fn rfc3339(unix: u64) -> String {
+    let (days, secs) = (unix / 86_400, unix % 86_400);
+    let z = days + 719_468;
+    let (era, doe) = (z / 146_097, z % 146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+struct Message<'a> {
+    id: String,
+    model: &'a str,
+    input_tokens: u64,
+}
+
+fn stop_reason(reply: &Reply) -> &'static str {
+    match reply.finish {
+        Finish::Stop => "end_turn",
+        Finish::Length => "max_tokens",
+    }
+}
+
+impl Message<'_> {
+    fn usage(&self, output_tokens: u64) -> Value {
+        json!({
+            "input_tokens": self.input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+            "output_tokens": output_tokens,
+            "service_tier": "standard",
+        })
+    }
+
+    fn envelope(&self, content: Value, stop_reason: Option<&str>, output_tokens: u64) -> Value {
+        json!({
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": content, "stop_reason": stop_reason, "stop_sequence": null,
+            "usage": self.usage(output_tokens),
+        })
+    }
+
+    fn whole(&self, reply: &Reply) -> Value {
+        let content = json!([{"type": "text", "text": reply.text()}]);
+        self.envelope(content, Some(stop_reason(reply)), reply.tokens())
+    }
+
+    /// message_start, content_block_start, ping, one delta per word, content_block_stop,
+    /// message_delta (cumulative usage), message_stop. No [DONE]: message_stop ends it.
+    fn events(&self, reply: &Reply) -> Script {
+        let preamble = vec![
+            named_event("message_start", &json!({"type": "message_start", "message": self.envelope(json!([]), None, 1)})),
+            named_event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+            ),
+            named_event("ping", &json!({"type": "ping"})),
+        ];
+        let content = reply
+            .chunks
+            .iter()
+            .map(|w| {
+                let delta = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}});
+                named_event("content_block_delta", &delta)
+            })
+            .collect();
+        let usage = json!({
+            "input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0, "output_tokens": reply.tokens(),
+        });
+        let tail = vec![
+            named_event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
+            named_event(
+                "message_delta",
+                &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(reply), "stop_sequence": null}, "usage": usage}),
+            ),
+            named_event("message_stop", &json!({"type": "message_stop"})),
+        ];
+        Script { preamble, content, tail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_755_780_059), "2025-08-21T12:40:59Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}

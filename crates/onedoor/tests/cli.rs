@@ -1,0 +1,78 @@
+//! The command line as a user runs it: `validate` on good and bad configs, `keys new`.
+
+use std::process::Command;
+
+fn onedoor() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_onedoor"))
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("onedoor-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("onedoor.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const FIVE_MISTAKES: &str = r#"listen: 127.0.0.1:8080
+routing:
+  max_atempts: 4
+  not_served_ttl: soon
+backends:
+  - { name: se, provider: azure, region: swedencentral, url: "https://se.example", api_key: "${NO_SUCH_SECRET_VAR}" }
+  - { name: se, provider: azure, region: swedencentral, url: "https://se2.example" }
+models:
+  - name: chat
+    targets:
+      - { backend: fr, deployment: gpt-4o, weight: many }
+"#;
+
+#[test]
+fn validate_prints_each_of_five_mistakes_at_its_location() {
+    let path = temp_file("five", FIVE_MISTAKES);
+    let output = onedoor().args(["validate", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let file = path.display().to_string();
+    let expected = [
+        (3, "max_atempts"),
+        (4, "duration"),
+        (6, "NO_SUCH_SECRET_VAR"),
+        (7, "duplicate backend name"),
+        (11, "unknown backend \"fr\""),
+        (11, "weight"),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, (number, words)) in lines.iter().zip(expected) {
+        assert!(line.starts_with(&format!("{file}:{number}:")), "{line}");
+        assert!(line.contains(words), "{line} lacks {words}");
+    }
+}
+
+#[test]
+fn validate_summarises_a_good_config_without_its_secrets() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/onedoor.yaml");
+    let output = onedoor()
+        .args(["validate", "--config", example])
+        .env("ONEDOOR_ADMIN_TOKEN", "admin-secret-value")
+        .env("AOAI_SUB1_SE_KEY", "se-secret-value")
+        .env("AOAI_SUB1_FR_KEY", "fr-secret-value")
+        .env("AOAI_SUB2_US_KEY", "us-secret-value")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("sub1-swedencentral-ptu"), "{stdout}");
+    assert!(!stdout.contains("secret-value"), "{stdout}");
+}
+
+#[test]
+fn keys_new_prints_a_key_and_its_sha256() {
+    let output = onedoor().args(["keys", "new"]).output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let key = stdout.lines().next().unwrap().trim_start_matches("key:").trim();
+    assert!(key.starts_with("od-") && key.len() == 43, "{stdout}");
+    assert!(stdout.contains("sha256: "), "{stdout}");
+}

@@ -1,0 +1,110 @@
+"""A real `onedoor demo` for the whole session: the gateway in front of its simulated fleet.
+
+The fixture starts `$ONEDOOR_BIN demo --port <free port>`, reads what it prints until the
+copy-paste examples are complete, and hands the tests the URL, the key and the printed text.
+"""
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+READY_TIMEOUT_S = 30.0
+LAST_LINE = "Ctrl-C stops it all."
+
+
+@dataclass(frozen=True)
+class Demo:
+    url: str
+    key: str
+    text: str
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pump(stream, lines: "queue.Queue[str | None]") -> None:
+    """Copies every stdout line into the queue (None at EOF), so the pipe never fills up."""
+    for line in iter(stream.readline, ""):
+        lines.put(line)
+    lines.put(None)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def demo():
+    binary = os.environ.get("ONEDOOR_BIN", "")
+    if not binary or not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        pytest.fail(
+            f"ONEDOOR_BIN={binary!r} is not an executable onedoor binary; "
+            "run `cargo build -p onedoor` first (tests/e2e/run points ONEDOOR_BIN at target/debug/onedoor)",
+            pytrace=False,
+        )
+    port = _free_port()
+    # The gateway logs every request on stderr: a file, not an unread pipe that could fill up and block it.
+    stderr = tempfile.TemporaryFile(mode="w+", prefix="onedoor-demo-stderr-")
+    proc = subprocess.Popen(
+        [binary, "demo", "--port", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+    lines: "queue.Queue[str | None]" = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+
+    printed: list[str] = []
+
+    def fail(why: str) -> None:
+        _stop(proc)
+        stderr.seek(0)
+        pytest.fail(
+            f"`onedoor demo --port {port}` {why}\n--- stdout ---\n{''.join(printed)}--- stderr ---\n{stderr.read()}",
+            pytrace=False,
+        )
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not any(line.strip() == LAST_LINE for line in printed):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            fail(f"did not print {LAST_LINE!r} within {READY_TIMEOUT_S:.0f}s")
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            proc.wait(timeout=5)
+            fail(f"exited with code {proc.returncode} before printing {LAST_LINE!r}")
+        printed.append(line)
+
+    text = "".join(printed)
+    url = re.search(r"^export ONEDOOR_URL=(\S+)\s*$", text, re.M)
+    key = re.search(r"^export ONEDOOR_KEY=(\S+)\s*$", text, re.M)
+    if not url or not key:
+        fail("printed no `export ONEDOOR_URL=...` / `export ONEDOOR_KEY=...` lines")
+    try:
+        yield Demo(url=url.group(1), key=key.group(1), text=text)
+    finally:
+        _stop(proc)
+        stderr.close()
