@@ -67,12 +67,17 @@ pub(crate) fn models(node: Option<&Node>, backends: &Backends, p: &mut Problems)
             _ => false,
         };
         let wildcard = name == Some(WILDCARD);
+        let price = f.get("price").and_then(|n| self::price(n, p));
+        let mut targets = targets(&f, wildcard, backends, p);
+        for target in &mut targets {
+            target.price = target.price.or(price);
+        }
         let alias = Alias {
             name: name.unwrap_or_default().to_owned(),
-            targets: targets(&f, wildcard, backends, p),
+            targets,
             continue_cut_streams: f.bool("continue_cut_streams", p).unwrap_or(false),
             session_affinity: f.bool("session_affinity", p).unwrap_or(false),
-            price: f.get("price").and_then(|n| price(n, p)),
+            price,
         };
         if duplicate {
             continue;
@@ -264,6 +269,26 @@ mod tests {
         assert_eq!(chat.targets[1].deployment.as_deref(), Some("gpt-4o-mini"));
         assert_eq!((chat.targets[1].priority, chat.targets[1].weight), (1, 1));
         assert!(!chat.targets[0].accepts_prefill && !chat.continue_cut_streams);
+    }
+
+    #[test]
+    fn targets_without_a_price_take_the_alias_price() {
+        let s = compile(&with_backends(
+            "models:
+  - name: chat
+    price: { input_per_1m: 2.5, output_per_1m: 10 }
+    targets:
+      - { backend: a, deployment: ptu, price: { input_per_1m: 0, output_per_1m: 0 } }
+      - { backend: b, model: gpt-4o }
+  - name: free
+    targets: [{ backend: b, model: llama }]
+",
+        ));
+        let chat = &s.aliases[0];
+        assert_eq!(chat.targets[0].price.unwrap().input_per_1m, 0.0);
+        assert_eq!(chat.targets[1].price.unwrap().input_per_1m, 2.5);
+        assert_eq!(chat.targets[1].price, chat.price);
+        assert!(s.aliases[1].targets[0].price.is_none());
     }
 
     #[test]

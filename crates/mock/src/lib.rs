@@ -1,13 +1,28 @@
 //! Simulated Azure OpenAI, OpenAI and Anthropic upstreams: an independent witness for the gateway's tests,
 //! benchmarks and demo. It shares no code with the gateway on purpose, so a wire-format mistake on one
 //! side is not silently mirrored on the other.
+//!
+//! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
+//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`).
 
+mod anthropic;
+mod azure;
 mod behavior;
-mod quota;
-mod server;
-mod state;
+mod control;
+mod dialect;
+mod dispatch;
+mod embeddings;
 mod fleet;
+mod ident;
+mod openai;
+mod quota;
+mod reply;
+mod request;
+mod response;
+mod server;
 mod spec;
+mod state;
+mod stream;
 mod yaml;
 
 pub use behavior::Behavior;
