@@ -253,6 +253,7 @@ mod tests {
         )
         .unwrap();
         let s = crate::load(&config).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(
             s.backends[0].api_key.as_ref().unwrap().expose(),
             "from-a-file"

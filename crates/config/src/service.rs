@@ -37,7 +37,8 @@ pub(crate) fn admin(node: Option<&Node>, client: SocketAddr, p: &mut Problems) -
     let f = Fields::open(node, &["listen", "token", "metrics_public"], p);
     let listen = f.get("listen").and_then(|n| read::addr(n, p));
     if let (Some(listen), Some(node)) = (listen, f.get("listen")) {
-        if listen == client {
+        // Port 0 asks for any free port, so two of them never collide.
+        if listen == client && listen.port() != 0 {
             p.at(
                 node.mark,
                 "the admin surface cannot share the client listen address",
@@ -155,6 +156,7 @@ mod tests {
             problems("listen: 0.0.0.0:8080\nadmin: { listen: 0.0.0.0:8080 }\n"),
             ["2:18: the admin surface cannot share the client listen address"]
         );
+        compile("listen: 127.0.0.1:0\nadmin: { listen: 127.0.0.1:0 }\n");
     }
 
     #[test]

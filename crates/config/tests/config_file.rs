@@ -7,6 +7,7 @@
 )]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use onedoor_config::{parse, summary, FailureKind, FailureThreshold, Problem, Provider, Snapshot};
@@ -28,18 +29,21 @@ fn env(name: &str) -> Option<String> {
     }
 }
 
-/// A file under the temp dir, unique to this test process.
+/// A new file under the temp dir, unique to this call; the caller removes it.
 fn temp_file(name: &str, contents: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("onedoor-config-{}-{name}", std::process::id()));
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("onedoor-config-{}-{n}-{name}", std::process::id()));
     std::fs::write(&path, contents).unwrap();
     path
 }
 
-/// The contract example made valid: the `file:` secret points at a real file and the
-/// `targets: [ ... ]` placeholder becomes a real target.
-fn contract_config() -> String {
+/// The contract example made valid (the `file:` secret points at a real file, the
+/// `targets: [ ... ]` placeholder becomes a real target), compiled.
+fn compile_contract() -> Snapshot {
     let secret = temp_file("aoai-sub1-fr", &format!("  {FR_KEY}\n\n"));
-    CONTRACT_EXAMPLE
+    let text = CONTRACT_EXAMPLE
         .replace(
             "file:/run/secrets/aoai-sub1-fr",
             &format!("file:{}", secret.display()),
@@ -47,7 +51,10 @@ fn contract_config() -> String {
         .replace(
             "targets: [ ... ]",
             "targets: [{ backend: sub1-swedencentral-ptu, deployment: gpt-4o-assistants }]",
-        )
+        );
+    let snapshot = compile(&text);
+    std::fs::remove_file(secret).unwrap();
+    snapshot
 }
 
 fn compile(text: &str) -> Snapshot {
@@ -66,7 +73,7 @@ fn problems(text: &str) -> Vec<String> {
 
 #[test]
 fn the_contract_example_compiles() {
-    let s = compile(&contract_config());
+    let s = compile_contract();
 
     assert_eq!(s.listen, "0.0.0.0:8080".parse().unwrap());
     assert_eq!(s.max_request_body, 32 * 1024 * 1024);
@@ -180,7 +187,7 @@ fn the_contract_example_compiles() {
 
 #[test]
 fn secrets_never_appear_in_debug_output_or_the_summary() {
-    let s = compile(&contract_config());
+    let s = compile_contract();
     for shown in [format!("{s:?}"), format!("{s:#?}"), summary(&s)] {
         for secret in [ADMIN_TOKEN, SE_KEY, FR_KEY, ANTHROPIC_KEY] {
             assert!(!shown.contains(secret), "{secret} leaked into {shown}");
@@ -190,7 +197,7 @@ fn secrets_never_appear_in_debug_output_or_the_summary() {
 
 #[test]
 fn the_summary_names_backends_aliases_and_tenants() {
-    let text = summary(&compile(&contract_config()));
+    let text = summary(&compile_contract());
     for expected in [
         "4 backends",
         "sub1-swedencentral-ptu (azure, swedencentral)",
@@ -272,6 +279,7 @@ backends:
 fn load_reads_a_file_and_locates_its_problems() {
     let path = temp_file("load.yaml", "listen: nowhere\n");
     let problems = onedoor_config::load(&path).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
     assert_eq!(problems.len(), 1);
     assert_eq!(problems[0].file, path.display().to_string());
     assert_eq!((problems[0].line, problems[0].col), (1, 9));

@@ -134,6 +134,10 @@ impl<'a> Failover<'a> {
             match attempt(candidate.clone()).await {
                 Ok(value) => {
                     trail.push(&backend, "200".into());
+                    if candidate.discovery {
+                        let until = now_ms() + self.snapshot().routing.not_served_ttl.as_millis() as u64;
+                        self.runtime.state.mark_served(self.key(i), until);
+                    }
                     return Ok((candidate, value));
                 }
                 Err(failure) => {

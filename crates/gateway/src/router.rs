@@ -18,6 +18,8 @@ pub struct Candidate {
     pub deployment: String,
     pub priority: u32,
     pub weight: u32,
+    /// From a `"*"` target: the deployment is the requested name, learned by asking.
+    pub discovery: bool,
 }
 
 /// Why a target was left out before any attempt.
@@ -51,6 +53,7 @@ pub fn plan(runtime: &Runtime, alias: &Alias, requested: &str, tenant: &Tenant, 
             deployment: target.deployment.as_deref().unwrap_or(requested).to_owned(),
             priority: target.priority,
             weight: target.weight.max(1),
+            discovery: target.deployment.is_none(),
         };
         let exclusion = if !tenant.may_reach(&backend.region) {
             Some(Excluded::Region)
@@ -68,7 +71,24 @@ pub fn plan(runtime: &Runtime, alias: &Alias, requested: &str, tenant: &Tenant, 
             None => plan.candidates.push(candidate),
         }
     }
+    prefer_known_servers(runtime, &mut plan, now);
     plan
+}
+
+/// Discovery asks unknown backends only when no backend known to serve the name is left: inside
+/// each priority group, the known ones come first (a priority of their own just before the rest).
+fn prefer_known_servers(runtime: &Runtime, plan: &mut Plan, now: u64) {
+    if !plan.candidates.iter().any(|c| c.discovery) {
+        return;
+    }
+    let backends = &runtime.snapshot.backends;
+    for candidate in &mut plan.candidates {
+        let known = candidate.discovery
+            && backends
+                .get(candidate.backend)
+                .is_some_and(|b| runtime.state.is_served(&b.name, &candidate.deployment, now));
+        candidate.priority = candidate.priority.saturating_mul(2).saturating_add(u32::from(!known));
+    }
 }
 
 impl Plan {
@@ -107,6 +127,7 @@ mod tests {
             deployment: "d".into(),
             priority,
             weight,
+            discovery: false,
         }
     }
 

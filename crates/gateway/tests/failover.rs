@@ -121,7 +121,7 @@ async fn a_connection_error_and_a_reset_fail_over() {
             azure("healthy", "swedencentral", &["gpt-4o"]),
         ],
         &format!(
-            "backends:\n  - {{ name: down, provider: azure, region: swedencentral, url: \"http://127.0.0.1:{down}\" }}\n{}{}models:\n  - name: chat\n    targets:\n      - {{ backend: down, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: resets, deployment: gpt-4o, priority: 2 }}\n      - {{ backend: healthy, deployment: gpt-4o, priority: 3 }}\n",
+            "routing: {{ max_attempts: 5 }}\nbackends:\n  - {{ name: down, provider: azure, region: swedencentral, url: \"http://127.0.0.1:{down}\" }}\n{}{}models:\n  - name: chat\n    targets:\n      - {{ backend: down, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: resets, deployment: gpt-4o, priority: 2 }}\n      - {{ backend: healthy, deployment: gpt-4o, priority: 3 }}\n",
             backend("resets"),
             backend("healthy")
         ),

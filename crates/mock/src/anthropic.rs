@@ -29,12 +29,16 @@ impl Wire for Anthropic {
     fn check_headers(&self, headers: &HeaderMap, key: Option<&str>) -> Result<(), Reject> {
         let presented = headers.get("x-api-key").and_then(|v| v.to_str().ok());
         match (key, presented) {
-            (Some(key), Some(p)) if p != key => return Err(Reject::Unauthorized(Some(p.to_owned()))),
+            (Some(key), Some(p)) if p != key => {
+                return Err(Reject::Unauthorized(Some(p.to_owned())))
+            }
             (Some(_), None) => return Err(Reject::Unauthorized(None)),
             _ => {}
         }
         if !headers.contains_key("anthropic-version") {
-            return Err(Reject::Invalid("anthropic-version: header is required".to_owned()));
+            return Err(Reject::Invalid(
+                "anthropic-version: header is required".to_owned(),
+            ));
         }
         Ok(())
     }
@@ -50,8 +54,13 @@ impl Wire for Anthropic {
     fn reject(&self, reject: &Reject, ctx: &Ctx) -> (StatusCode, Value) {
         let (status, message) = match reject {
             Reject::NoRoute => (StatusCode::NOT_FOUND, "Not Found".to_owned()),
-            Reject::Unauthorized(None) => (StatusCode::UNAUTHORIZED, "x-api-key header is required".to_owned()),
-            Reject::Unauthorized(Some(_)) => (StatusCode::UNAUTHORIZED, "invalid x-api-key".to_owned()),
+            Reject::Unauthorized(None) => (
+                StatusCode::UNAUTHORIZED,
+                "x-api-key header is required".to_owned(),
+            ),
+            Reject::Unauthorized(Some(_)) => {
+                (StatusCode::UNAUTHORIZED, "invalid x-api-key".to_owned())
+            }
             Reject::UnknownDeployment(model) => (StatusCode::NOT_FOUND, format!("model: {model}")),
             Reject::Missing(field) => (StatusCode::BAD_REQUEST, format!("{field}: Field required")),
             Reject::Invalid(message) => (StatusCode::BAD_REQUEST, message.clone()),
@@ -63,7 +72,10 @@ impl Wire for Anthropic {
                 StatusCode::BAD_REQUEST,
                 format!("prompt is too long: {tokens} tokens > {limit} maximum"),
             ),
-            Reject::RateLimited { throttle, .. } => (StatusCode::TOO_MANY_REQUESTS, rate_limit_message(throttle.as_ref())),
+            Reject::RateLimited { throttle, .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                rate_limit_message(throttle.as_ref()),
+            ),
             Reject::Status(status) => injected(*status),
         };
         (status, error_body(status, &message, &ctx.request_id))
@@ -216,7 +228,10 @@ impl Message<'_> {
     /// message_delta (cumulative usage), message_stop. No [DONE]: message_stop ends it.
     fn events(&self, reply: &Reply) -> Script {
         let preamble = vec![
-            named_event("message_start", &json!({"type": "message_start", "message": self.envelope(json!([]), None, 1)})),
+            named_event(
+                "message_start",
+                &json!({"type": "message_start", "message": self.envelope(json!([]), None, 1)}),
+            ),
             named_event(
                 "content_block_start",
                 &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
@@ -236,14 +251,21 @@ impl Message<'_> {
             "cache_read_input_tokens": 0, "output_tokens": reply.tokens(),
         });
         let tail = vec![
-            named_event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
+            named_event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": 0}),
+            ),
             named_event(
                 "message_delta",
                 &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(reply), "stop_sequence": null}, "usage": usage}),
             ),
             named_event("message_stop", &json!({"type": "message_stop"})),
         ];
-        Script { preamble, content, tail }
+        Script {
+            preamble,
+            content,
+            tail,
+        }
     }
 }
 

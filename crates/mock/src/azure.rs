@@ -27,7 +27,9 @@ impl Wire for Azure {
                 api_version: Some("v1".to_owned()),
             });
         }
-        let rest = path.strip_prefix("/openai/deployments/").ok_or(Reject::NoRoute)?;
+        let rest = path
+            .strip_prefix("/openai/deployments/")
+            .ok_or(Reject::NoRoute)?;
         let (deployment, op) = rest.split_once('/').ok_or(Reject::NoRoute)?;
         let api_version = query
             .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("api-version=")))
@@ -76,7 +78,10 @@ impl Wire for Azure {
             ),
             Reject::ContentFilter => content_filtered(),
             Reject::ContextTooLong { limit, tokens } => openai::context_too_long(*limit, *tokens),
-            Reject::RateLimited { throttle, retry_after_s } => {
+            Reject::RateLimited {
+                throttle,
+                retry_after_s,
+            } => {
                 let kind = throttle.as_ref().map_or(Kind::Tokens, |t| t.kind);
                 rate_limited(ctx, kind, *retry_after_s)
             }

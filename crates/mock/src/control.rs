@@ -38,7 +38,9 @@ fn stats(shared: &Shared) -> Value {
 
 /// `deployments/{d}/behavior` → `{d}`.
 fn deployment_of(path: &str) -> Option<&str> {
-    let d = path.strip_prefix("deployments/")?.strip_suffix("/behavior")?;
+    let d = path
+        .strip_prefix("deployments/")?
+        .strip_suffix("/behavior")?;
     (!d.is_empty()).then_some(d)
 }
 
@@ -56,5 +58,8 @@ fn with_behavior(body: &[u8], apply: impl FnOnce(Behavior)) -> Response<Body> {
 
 fn not_found() -> Response<Body> {
     let routes = "GET /_mock/stats, PUT /_mock/behavior, PUT /_mock/deployments/{d}/behavior, POST /_mock/reset";
-    plain_json(StatusCode::NOT_FOUND, &json!({"error": format!("unknown control route; try {routes}")}))
+    plain_json(
+        StatusCode::NOT_FOUND,
+        &json!({"error": format!("unknown control route; try {routes}")}),
+    )
 }

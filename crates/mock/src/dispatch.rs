@@ -35,12 +35,15 @@ pub async fn handle(
         return Ok(control::answer(&shared, &parts, &body));
     }
     let watch = Watch::new(shared.counters.clone());
-    Ok(Exchange::new(&shared, &parts, &body).answer(watch, &kill).await)
+    Ok(Exchange::new(&shared, &parts, &body)
+        .answer(watch, &kill)
+        .await)
 }
 
 /// How a request ends other than with an answer body of its own.
 enum Failure {
-    Reject(Reject, Option<Snapshot>),
+    /// The snapshot (boxed: it is rare and large) feeds the rate-limit headers of a quota 429.
+    Reject(Reject, Option<Box<Snapshot>>),
     /// Drop the connection with no response at all.
     Reset,
     /// Never answer.
@@ -72,7 +75,13 @@ impl<'a> Exchange<'a> {
         let route = wire.route(&parts.method, parts.uri.path(), parts.uri.query());
         let body = parse_body(body);
         let name = route.as_ref().ok().and_then(|r| {
-            let from_body = || body.as_ref().ok()?.get("model")?.as_str().map(str::to_owned);
+            let from_body = || {
+                body.as_ref()
+                    .ok()?
+                    .get("model")?
+                    .as_str()
+                    .map(str::to_owned)
+            };
             r.deployment.clone().or_else(from_body)
         });
         shared.count(name.as_deref());
@@ -110,12 +119,18 @@ impl<'a> Exchange<'a> {
                 self.pause().await;
                 let (status, value) = self.wire.reject(&reject, &self.ctx);
                 let response = response::json(status, &value, |b| stream::full(b, watch));
-                self.decorated(response, quota.as_ref(), reject.retry_after_s())
+                self.decorated(response, quota.as_deref(), reject.retry_after_s())
             }
             Ok((Payload::Json(value), quota)) => {
                 self.pause().await;
                 let hang = self.behavior.headers_then_hang;
-                let body = |b| if hang { stream::silent(watch) } else { stream::full(b, watch) };
+                let body = |b| {
+                    if hang {
+                        stream::silent(watch)
+                    } else {
+                        stream::full(b, watch)
+                    }
+                };
                 let response = response::json(StatusCode::OK, &value, body);
                 self.decorated(response, quota.as_ref(), None)
             }
@@ -125,7 +140,8 @@ impl<'a> Exchange<'a> {
                 } else {
                     stream::scripted(script, &self.behavior, watch)
                 };
-                let mut response = response::with_body(StatusCode::OK, "text/event-stream; charset=utf-8", body);
+                let mut response =
+                    response::with_body(StatusCode::OK, "text/event-stream; charset=utf-8", body);
                 response::put(response.headers_mut(), "cache-control", "no-cache");
                 self.decorated(response, quota.as_ref(), None)
             }
@@ -139,8 +155,14 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    fn decorated(&self, mut response: Response<Body>, quota: Option<&Snapshot>, retry: Option<u64>) -> Response<Body> {
-        self.wire.decorate(response.headers_mut(), &self.ctx, quota, retry);
+    fn decorated(
+        &self,
+        mut response: Response<Body>,
+        quota: Option<&Snapshot>,
+        retry: Option<u64>,
+    ) -> Response<Body> {
+        self.wire
+            .decorate(response.headers_mut(), &self.ctx, quota, retry);
         response
     }
 
@@ -199,14 +221,26 @@ impl<'a> Exchange<'a> {
         }
         let quota = self.admit(d, chat.cost())?;
         let who = format!("{}/{}", self.shared.spec.name, d.spec.name);
-        let reply = Reply::compose(&who, self.behavior.reply_words, chat.prefill, chat.max_tokens);
+        let reply = Reply::compose(
+            &who,
+            self.behavior.reply_words,
+            chat.prefill,
+            chat.max_tokens,
+        );
         Ok((self.wire.chat(&chat, &reply, &d.spec.model), Some(quota)))
     }
 
-    fn embeddings(&self, d: &Deployment, body: &Value) -> Result<(Payload, Option<Snapshot>), Failure> {
+    fn embeddings(
+        &self,
+        d: &Deployment,
+        body: &Value,
+    ) -> Result<(Payload, Option<Snapshot>), Failure> {
         let inputs = embeddings::inputs(body)?;
         let quota = self.admit(d, embeddings::tokens(&inputs))?;
-        Ok((Payload::Json(embeddings::response(&inputs, &d.spec.model)), Some(quota)))
+        Ok((
+            Payload::Json(embeddings::response(&inputs, &d.spec.model)),
+            Some(quota),
+        ))
     }
 
     fn admit(&self, d: &Deployment, cost: u64) -> Result<Snapshot, Failure> {
@@ -217,12 +251,15 @@ impl<'a> Exchange<'a> {
         lock(&d.window)
             .admit(limits, cost, Instant::now())
             .map_err(|(throttle, quota)| {
-                let retry_after_s = self.behavior.retry_after_s.unwrap_or(throttle.retry_after_s);
+                let retry_after_s = self
+                    .behavior
+                    .retry_after_s
+                    .unwrap_or(throttle.retry_after_s);
                 let reject = Reject::RateLimited {
                     throttle: Some(throttle),
                     retry_after_s,
                 };
-                Failure::Reject(reject, Some(quota))
+                Failure::Reject(reject, Some(Box::new(quota)))
             })
     }
 }
@@ -233,6 +270,8 @@ fn parse_body(body: &Bytes) -> Result<Value, Reject> {
         return Ok(Value::Null);
     }
     serde_json::from_slice(body).map_err(|e| {
-        Reject::Invalid(format!("We could not parse the JSON body of your request. ({e})"))
+        Reject::Invalid(format!(
+            "We could not parse the JSON body of your request. ({e})"
+        ))
     })
 }

@@ -57,9 +57,9 @@ pub fn response(inputs: &[Input], model: &str) -> Value {
 /// Values in [-1, 1) from an FNV-1a hash of the text stretched by splitmix64: the same text
 /// always embeds the same way, different texts differ.
 fn vector(text: &str) -> Vec<f32> {
-    let mut state = text
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let mut state = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
     (0..DIMENSIONS)
         .map(|_| {
             state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);

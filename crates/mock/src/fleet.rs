@@ -22,7 +22,10 @@ impl Endpoint {
             .listen
             .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
         let listener = TcpListener::bind(bind).await.map_err(|e| {
-            std::io::Error::new(e.kind(), format!("mock endpoint {}: bind {bind}: {e}", spec.name))
+            std::io::Error::new(
+                e.kind(),
+                format!("mock endpoint {}: bind {bind}: {e}", spec.name),
+            )
         })?;
         let mut addr = listener.local_addr()?;
         // A wildcard bind is still reached through loopback; url() must be dialable.

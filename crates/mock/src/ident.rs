@@ -8,7 +8,14 @@ use rand::Rng;
 /// A random UUID-shaped id, as Azure's `apim-request-id`.
 pub fn uuid() -> String {
     let h = format!("{:032x}", rand::random::<u128>());
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 /// `prefix` followed by `len` random letters and digits, as `chatcmpl-…` or `msg_…`.

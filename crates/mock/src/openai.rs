@@ -56,12 +56,18 @@ impl Wire for OpenAi {
             Reject::Invalid(message) => invalid(message),
             Reject::ContentFilter => (
                 StatusCode::BAD_REQUEST,
-                envelope("The prompt was filtered.", Some("invalid_request_error"), Some("prompt"), Some("content_filter")),
+                envelope(
+                    "The prompt was filtered.",
+                    Some("invalid_request_error"),
+                    Some("prompt"),
+                    Some("content_filter"),
+                ),
             ),
             Reject::ContextTooLong { limit, tokens } => context_too_long(*limit, *tokens),
-            Reject::RateLimited { throttle, retry_after_s } => {
-                rate_limited(model, throttle.as_ref().map(|t| (t, *retry_after_s)))
-            }
+            Reject::RateLimited {
+                throttle,
+                retry_after_s,
+            } => rate_limited(model, throttle.as_ref().map(|t| (t, *retry_after_s))),
             Reject::Status(status) => injected(*status, model),
         }
     }
@@ -86,17 +92,30 @@ impl Wire for OpenAi {
 }
 
 /// The OpenAI error envelope, which Azure also uses for errors from its model layer.
-pub fn envelope(message: &str, kind: Option<&str>, param: Option<&str>, code: Option<&str>) -> Value {
+pub fn envelope(
+    message: &str,
+    kind: Option<&str>,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Value {
     json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
 fn invalid(message: &str) -> (StatusCode, Value) {
-    (StatusCode::BAD_REQUEST, envelope(message, Some("invalid_request_error"), None, None))
+    (
+        StatusCode::BAD_REQUEST,
+        envelope(message, Some("invalid_request_error"), None, None),
+    )
 }
 
 pub fn missing(field: &str) -> (StatusCode, Value) {
     let message = format!("Missing required parameter: '{field}'.");
-    let body = envelope(&message, Some("invalid_request_error"), Some(field), Some("missing_required_parameter"));
+    let body = envelope(
+        &message,
+        Some("invalid_request_error"),
+        Some(field),
+        Some("missing_required_parameter"),
+    );
     (StatusCode::BAD_REQUEST, body)
 }
 
@@ -104,17 +123,30 @@ pub fn context_too_long(limit: u64, tokens: u64) -> (StatusCode, Value) {
     let message = format!(
         "This model's maximum context length is {limit} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."
     );
-    let body = envelope(&message, Some("invalid_request_error"), Some("messages"), Some("context_length_exceeded"));
+    let body = envelope(
+        &message,
+        Some("invalid_request_error"),
+        Some("messages"),
+        Some("context_length_exceeded"),
+    );
     (StatusCode::BAD_REQUEST, body)
 }
 
 fn not_found(message: &str) -> (StatusCode, Value) {
-    (StatusCode::NOT_FOUND, envelope(message, Some("invalid_request_error"), None, None))
+    (
+        StatusCode::NOT_FOUND,
+        envelope(message, Some("invalid_request_error"), None, None),
+    )
 }
 
 fn model_not_found(model: &str) -> (StatusCode, Value) {
     let message = format!("The model `{model}` does not exist or you do not have access to it.");
-    let body = envelope(&message, Some("invalid_request_error"), None, Some("model_not_found"));
+    let body = envelope(
+        &message,
+        Some("invalid_request_error"),
+        None,
+        Some("model_not_found"),
+    );
     (StatusCode::NOT_FOUND, body)
 }
 
@@ -138,7 +170,10 @@ fn unauthorized(presented: Option<&str>) -> (StatusCode, Value) {
 }
 
 /// A 429, quoting the limit that refused it when there was one.
-fn rate_limited(model: &str, earned: Option<(&crate::quota::Throttle, u64)>) -> (StatusCode, Value) {
+fn rate_limited(
+    model: &str,
+    earned: Option<(&crate::quota::Throttle, u64)>,
+) -> (StatusCode, Value) {
     let body = match earned {
         None => envelope(
             "Rate limit reached for requests. Please try again later.",
@@ -172,10 +207,26 @@ fn injected(status: u16, model: &str) -> (StatusCode, Value) {
         500 => (code, server_error()),
         503 => (
             code,
-            envelope("The engine is currently overloaded, please try again later.", Some("server_error"), None, None),
+            envelope(
+                "The engine is currently overloaded, please try again later.",
+                Some("server_error"),
+                None,
+                None,
+            ),
         ),
-        _ if code.is_client_error() => (code, envelope(dialect::reason(code), Some("invalid_request_error"), None, None)),
-        _ => (code, envelope(dialect::reason(code), Some("server_error"), None, None)),
+        _ if code.is_client_error() => (
+            code,
+            envelope(
+                dialect::reason(code),
+                Some("invalid_request_error"),
+                None,
+                None,
+            ),
+        ),
+        _ => (
+            code,
+            envelope(dialect::reason(code), Some("server_error"), None, None),
+        ),
     }
 }
 
@@ -214,7 +265,11 @@ fn go_duration(d: Duration) -> String {
     let (hours, minutes, ms) = (ms / 3_600_000, ms / 60_000 % 60, ms % 60_000);
     let seconds = match ms % 1000 {
         0 => format!("{}s", ms / 1000),
-        frac => format!("{}.{}s", ms / 1000, format!("{frac:03}").trim_end_matches('0')),
+        frac => format!(
+            "{}.{}s",
+            ms / 1000,
+            format!("{frac:03}").trim_end_matches('0')
+        ),
     };
     match (hours, minutes) {
         (0, 0) => seconds,
@@ -296,10 +351,11 @@ pub fn chunks(chat: &Chat, reply: &Reply, model: &str) -> Chunks {
         }
         c
     };
-    let choice = |delta: Value, finish: Option<&str>| {
-        json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}])
-    };
-    let preamble = vec![chunk(choice(json!({"role": "assistant", "content": "", "refusal": null}), None))];
+    let choice = |delta: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+    let preamble = vec![chunk(choice(
+        json!({"role": "assistant", "content": "", "refusal": null}),
+        None,
+    ))];
     let content = reply
         .chunks
         .iter()
@@ -311,7 +367,11 @@ pub fn chunks(chat: &Chat, reply: &Reply, model: &str) -> Chunks {
         last["usage"] = usage(chat.prompt_tokens, reply.tokens());
         tail.push(last);
     }
-    Chunks { preamble, content, tail }
+    Chunks {
+        preamble,
+        content,
+        tail,
+    }
 }
 
 /// `GET /v1/models`: one entry per configured deployment.

@@ -70,10 +70,16 @@ impl Window {
         self.prune(now);
         let refusals = [
             limits.rpm.and_then(|rpm| self.refuse_requests(rpm, now)),
-            limits.tpm.and_then(|tpm| self.refuse_tokens(tpm, cost, now)),
+            limits
+                .tpm
+                .and_then(|tpm| self.refuse_tokens(tpm, cost, now)),
         ];
         // When both limits refuse, report the one that lasts longer: that is when a retry succeeds.
-        match refusals.into_iter().flatten().max_by_key(|t| t.retry_after_s) {
+        match refusals
+            .into_iter()
+            .flatten()
+            .max_by_key(|t| t.retry_after_s)
+        {
             Some(throttle) => Err((throttle, self.snapshot(limits, now))),
             None => {
                 self.entries.push_back((now, cost));
@@ -125,10 +131,9 @@ impl Window {
 
     fn snapshot(&self, limits: Limits, now: Instant) -> Snapshot {
         let used = self.entries.len() as u64;
-        let reset = self
-            .entries
-            .back()
-            .map_or(Duration::ZERO, |&(at, _)| (at + MINUTE).saturating_duration_since(now));
+        let reset = self.entries.back().map_or(Duration::ZERO, |&(at, _)| {
+            (at + MINUTE).saturating_duration_since(now)
+        });
         Snapshot {
             limits,
             remaining_requests: limits.rpm.map(|rpm| rpm.saturating_sub(used)),

@@ -34,9 +34,19 @@ impl Reply {
             .chain(FILLER.into_iter().cycle())
             .take(wanted.min(allowed))
             .enumerate()
-            .map(|(i, w)| if i == 0 && !prefill { w.to_owned() } else { format!(" {w}") })
+            .map(|(i, w)| {
+                if i == 0 && !prefill {
+                    w.to_owned()
+                } else {
+                    format!(" {w}")
+                }
+            })
             .collect();
-        let finish = if allowed < wanted { Finish::Length } else { Finish::Stop };
+        let finish = if allowed < wanted {
+            Finish::Length
+        } else {
+            Finish::Stop
+        };
         Reply { chunks, finish }
     }
 

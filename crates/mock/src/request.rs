@@ -34,7 +34,9 @@ impl Chat {
     /// Reads an Anthropic Messages request, where `max_tokens` is required and `system` is top-level.
     pub fn anthropic(body: &Value) -> Result<Chat, Reject> {
         let messages = messages(body)?;
-        let max_tokens = body.get("max_tokens").ok_or(Reject::Missing("max_tokens"))?;
+        let max_tokens = body
+            .get("max_tokens")
+            .ok_or(Reject::Missing("max_tokens"))?;
         let max_tokens = max_tokens.as_u64().ok_or_else(|| {
             Reject::Invalid("max_tokens: Input should be a valid integer".to_owned())
         })?;
@@ -75,7 +77,9 @@ fn messages(body: &Value) -> Result<&[Value], Reject> {
     match body.get("messages") {
         None | Some(Value::Null) => Err(Reject::Missing("messages")),
         Some(Value::Array(items)) => Ok(items),
-        Some(_) => Err(Reject::Invalid("messages: Input should be a valid list".to_owned())),
+        Some(_) => Err(Reject::Invalid(
+            "messages: Input should be a valid list".to_owned(),
+        )),
     }
 }
 

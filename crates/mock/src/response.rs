@@ -29,7 +29,9 @@ pub fn json(status: StatusCode, value: &Value, body: impl FnOnce(Bytes) -> Body)
     let bytes = Bytes::from(value.to_string());
     let len = bytes.len();
     let mut response = with_body(status, "application/json", body(bytes));
-    response.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(len));
+    response
+        .headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(len));
     response
 }
 

@@ -110,7 +110,11 @@ async fn next_frame(mut p: Playback) -> Option<(Result<Frame<Bytes>, io::Error>,
 
 /// A whole body sent at once.
 pub fn full(bytes: Bytes, watch: Watch) -> Body {
-    play(VecDeque::from([(Duration::ZERO, bytes)]), End::Finish, watch)
+    play(
+        VecDeque::from([(Duration::ZERO, bytes)]),
+        End::Finish,
+        watch,
+    )
 }
 
 /// A body that never sends a byte, for answers whose headers are all the client gets.
@@ -134,12 +138,19 @@ pub fn scripted(script: Script, b: &Behavior, watch: Watch) -> Body {
         .map(|e| (Duration::ZERO, e))
         .collect();
     let paced = script.content.into_iter().take(cut.unwrap_or(usize::MAX));
-    frames.extend(paced.enumerate().map(|(i, e)| (if i == 0 { Duration::ZERO } else { gap }, e)));
+    frames.extend(
+        paced
+            .enumerate()
+            .map(|(i, e)| (if i == 0 { Duration::ZERO } else { gap }, e)),
+    );
     let end = if cut.is_some() {
         End::Cut
     } else {
         let mut tail = script.tail.into_iter();
-        frames.extend(tail.next().map(|e| (if had_content { gap } else { Duration::ZERO }, e)));
+        frames.extend(
+            tail.next()
+                .map(|e| (if had_content { gap } else { Duration::ZERO }, e)),
+        );
         frames.extend(tail.map(|e| (Duration::ZERO, e)));
         End::Finish
     };

@@ -50,9 +50,13 @@ fn default_region() -> String {
 pub fn specs_from_yaml(text: &str) -> Result<Vec<EndpointSpec>, String> {
     let docs = YamlLoader::load_from_str(text).map_err(|e| format!("mock fleet YAML: {e}"))?;
     let doc = docs.first().ok_or("mock fleet YAML: empty document")?;
-    let file: FleetFile = serde_json::from_value(to_json(doc)?)
-        .map_err(|e| format!("mock fleet YAML: {e}"))?;
-    Ok(file.endpoints.into_iter().map(EndpointEntry::into_spec).collect())
+    let file: FleetFile =
+        serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))?;
+    Ok(file
+        .endpoints
+        .into_iter()
+        .map(EndpointEntry::into_spec)
+        .collect())
 }
 
 /// Parses a fleet description and starts it.
@@ -68,7 +72,11 @@ impl EndpointEntry {
             dialect: self.dialect,
             region: self.region,
             api_key: self.api_key,
-            deployments: self.deployments.into_iter().map(DeploymentEntry::into_spec).collect(),
+            deployments: self
+                .deployments
+                .into_iter()
+                .map(DeploymentEntry::into_spec)
+                .collect(),
             behavior: self.behavior,
             listen: self.listen,
         }
@@ -104,7 +112,9 @@ fn to_json(y: &Yaml) -> Result<Value, String> {
             let entries = map.iter().map(|(k, v)| Ok((key(k)?, to_json(v)?)));
             Value::Object(entries.collect::<Result<Map<_, _>, String>>()?)
         }
-        Yaml::Alias(_) | Yaml::BadValue => return Err("mock fleet YAML: aliases are not supported".to_owned()),
+        Yaml::Alias(_) | Yaml::BadValue => {
+            return Err("mock fleet YAML: aliases are not supported".to_owned())
+        }
     })
 }
 
@@ -144,15 +154,22 @@ endpoints:
         assert_eq!(azure.listen, Some("127.0.0.1:8101".parse().unwrap()));
         assert_eq!(azure.api_key.as_deref(), Some("k1"));
         let d = &azure.deployments[0];
-        assert_eq!((d.model.as_str(), d.rpm, d.tpm, d.context_window), ("gpt-4o-2024-11-20", Some(60), Some(100_000), Some(128_000)));
-        assert_eq!((azure.behavior.ttft_ms, azure.behavior.error_rate), (50, 0.5));
+        assert_eq!(
+            (d.model.as_str(), d.rpm, d.tpm, d.context_window),
+            ("gpt-4o-2024-11-20", Some(60), Some(100_000), Some(128_000))
+        );
+        assert_eq!(
+            (azure.behavior.ttft_ms, azure.behavior.error_rate),
+            (50, 0.5)
+        );
         assert_eq!(specs[1].deployments[0].model, "claude-sonnet-4-5");
         assert_eq!(specs[1].region, "local");
     }
 
     #[test]
     fn rejects_unknown_keys() {
-        let err = specs_from_yaml("endpoints:\n  - { name: a, dialect: azure, colour: red }\n").unwrap_err();
+        let err = specs_from_yaml("endpoints:\n  - { name: a, dialect: azure, colour: red }\n")
+            .unwrap_err();
         assert!(err.contains("colour"), "{err}");
         assert!(specs_from_yaml("endpoints: [{ name: a, dialect: gemini }]").is_err());
     }

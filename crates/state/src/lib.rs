@@ -1,5 +1,5 @@
-//! Routing state shared by every request: which (backend, deployment) pairs are not served, which
-//! targets cool down after a 429. One in-memory implementation today; the trait is the seam for a
+//! Routing state shared by every request: which (backend, deployment) pairs are served or not,
+//! which targets cool down after a 429. One in-memory implementation today; the trait is the seam for a
 //! shared store.
 
 mod memory;
@@ -53,6 +53,9 @@ pub trait State: Send + Sync + 'static {
     /// What currently excludes `(backend, deployment)`, if anything. Not-served wins over cooldown.
     fn exclusion(&self, backend: &str, deployment: &str, now_ms: u64) -> Option<Exclusion>;
     fn mark_not_served(&self, key: TargetKey, until_ms: u64);
+    /// Remembers that `(backend, deployment)` answered, so discovery prefers it next time.
+    fn mark_served(&self, key: TargetKey, until_ms: u64);
+    fn is_served(&self, backend: &str, deployment: &str, now_ms: u64) -> bool;
     fn cool_down(&self, key: TargetKey, until_ms: u64);
     fn not_served(&self, now_ms: u64) -> Vec<Entry>;
     fn cooldowns(&self, now_ms: u64) -> Vec<Entry>;

@@ -9,6 +9,7 @@ use crate::{Entry, Exclusion, State, TargetKey};
 #[derive(Default)]
 pub struct MemoryState {
     not_served: DashMap<(String, String), u64>,
+    served: DashMap<(String, String), u64>,
     cooldowns: DashMap<(String, String), u64>,
 }
 
@@ -55,6 +56,15 @@ impl State for MemoryState {
 
     fn mark_not_served(&self, key: TargetKey, until_ms: u64) {
         self.not_served.insert((key.backend, key.deployment), until_ms);
+    }
+
+    fn mark_served(&self, key: TargetKey, until_ms: u64) {
+        self.not_served.remove(&(key.backend.clone(), key.deployment.clone()));
+        self.served.insert((key.backend, key.deployment), until_ms);
+    }
+
+    fn is_served(&self, backend: &str, deployment: &str, now_ms: u64) -> bool {
+        !self.served.is_empty() && live(&self.served, backend, deployment, now_ms).is_some()
     }
 
     fn cool_down(&self, key: TargetKey, until_ms: u64) {

@@ -63,7 +63,7 @@ pub fn closed_port() -> u16 {
 
 impl Harness {
     /// Starts `specs` and a gateway whose config is `config` with `{url:NAME}` replaced by each
-    /// endpoint's URL. The tenant `team` (key `KEY`) and `other` (key `OTHER_KEY`) are appended
+    /// endpoint's URL. The tenants `team` (key `KEY`) and `other` (key `OTHER_KEY`) are appended
     /// unless the config has its own `tenants:`.
     pub async fn start(specs: Vec<EndpointSpec>, config: &str) -> Harness {
         let fleet = Fleet::start(specs).await.expect("fleet starts");
@@ -73,7 +73,7 @@ impl Harness {
         }
         if !yaml.contains("tenants:") {
             yaml.push_str(&format!(
-                "tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n  - name: other\n    models: [chat]\n    keys: [{{ id: other-key, sha256: {} }}]\n",
+                "tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n  - name: other\n    keys: [{{ id: other-key, sha256: {} }}]\n",
                 key_hash(KEY),
                 key_hash(OTHER_KEY)
             ));
