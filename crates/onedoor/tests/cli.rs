@@ -41,7 +41,7 @@ fn validate_prints_each_of_five_mistakes_at_its_location() {
         (6, "NO_SUCH_SECRET_VAR"),
         (7, "duplicate backend name"),
         (11, "unknown backend \"fr\""),
-        (11, "weight"),
+        (11, "expected an integer, found \"many\""),
     ];
     assert_eq!(lines.len(), expected.len(), "{stdout}");
     for (line, (number, words)) in lines.iter().zip(expected) {
