@@ -49,9 +49,10 @@ fn authorized(runtime: &Runtime, request: &Request<Incoming>) -> bool {
 fn answer(status: StatusCode, body: String) -> Response<Body> {
     let mut response = Response::new(full(Bytes::from(body)));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 

@@ -16,7 +16,10 @@ pub struct Caller<'a> {
 /// The client key from `Authorization: Bearer`, `api-key` or `x-api-key`. Upstream requests are
 /// built from scratch, so none of these headers is ever forwarded.
 pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    if let Some(value) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(value) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         let token = value
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
@@ -33,12 +36,24 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .find(|v| !v.is_empty())
 }
 
-pub fn authenticate<'a>(snapshot: &'a Snapshot, headers: &HeaderMap) -> Result<Caller<'a>, GatewayError> {
+pub fn authenticate<'a>(
+    snapshot: &'a Snapshot,
+    headers: &HeaderMap,
+) -> Result<Caller<'a>, GatewayError> {
     let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-    let (tenant_id, key_index) = snapshot.keys_by_hash.get(&digest).ok_or(GatewayError::UnknownKey)?;
-    let tenant = snapshot.tenants.get(*tenant_id).ok_or(GatewayError::UnknownKey)?;
-    let key = tenant.keys.get(*key_index).ok_or(GatewayError::UnknownKey)?;
+    let (tenant_id, key_index) = snapshot
+        .keys_by_hash
+        .get(&digest)
+        .ok_or(GatewayError::UnknownKey)?;
+    let tenant = snapshot
+        .tenants
+        .get(*tenant_id)
+        .ok_or(GatewayError::UnknownKey)?;
+    let key = tenant
+        .keys
+        .get(*key_index)
+        .ok_or(GatewayError::UnknownKey)?;
     Ok(Caller { tenant, key })
 }
 
@@ -51,7 +66,11 @@ mod tests {
     fn a_key_is_found_in_each_accepted_header() {
         for name in ["authorization", "api-key", "x-api-key"] {
             let mut headers = HeaderMap::new();
-            let value = if name == "authorization" { "Bearer k1" } else { "k1" };
+            let value = if name == "authorization" {
+                "Bearer k1"
+            } else {
+                "k1"
+            };
             headers.insert(name, HeaderValue::from_static(value));
             assert_eq!(presented_key(&headers), Some("k1"), "{name}");
         }

@@ -28,7 +28,10 @@ pub enum GatewayError {
     #[error("the request body is larger than the limit of {limit} bytes")]
     RequestTooLarge { limit: u64 },
     #[error("every backend that serves `{alias}` is rate limited; retry after {retry_after:?}")]
-    UpstreamRateLimited { alias: String, retry_after: Duration },
+    UpstreamRateLimited {
+        alias: String,
+        retry_after: Duration,
+    },
     #[error("every attempt to reach a backend for `{0}` failed; x-onedoor-attempts says how")]
     UpstreamFailed(String),
     #[error("{0}")]
@@ -56,9 +59,9 @@ impl GatewayError {
     /// The contract's error code, also sent as `x-onedoor-error`.
     pub fn code(&self) -> &'static str {
         match self {
-            GatewayError::InvalidRequest(_) | GatewayError::NotFound(_) | GatewayError::MethodNotAllowed(_) => {
-                "invalid_request"
-            }
+            GatewayError::InvalidRequest(_)
+            | GatewayError::NotFound(_)
+            | GatewayError::MethodNotAllowed(_) => "invalid_request",
             GatewayError::MissingKey | GatewayError::UnknownKey => "invalid_api_key",
             GatewayError::ModelNotAllowed(_) => "model_not_allowed",
             GatewayError::ModelNotFound(_) => "model_not_found",
@@ -102,7 +105,10 @@ impl GatewayError {
         let mut response = Response::new(full(Bytes::from(body.to_string())));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         headers.insert("x-onedoor-error", HeaderValue::from_static(self.code()));
         if let Some(wait) = self.retry_after() {
             insert_retry_after(headers, wait);
@@ -133,6 +139,9 @@ mod tests {
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "2");
         assert_eq!(response.headers()["retry-after-ms"], "1500");
-        assert_eq!(response.headers()["x-onedoor-error"], "upstream_rate_limited");
+        assert_eq!(
+            response.headers()["x-onedoor-error"],
+            "upstream_rate_limited"
+        );
     }
 }

@@ -75,7 +75,13 @@ pub struct Failover<'a> {
 }
 
 impl<'a> Failover<'a> {
-    pub fn new(runtime: &'a Runtime, alias: &'a str, alias_index: Option<usize>, plan: Plan, deadline: Instant) -> Self {
+    pub fn new(
+        runtime: &'a Runtime,
+        alias: &'a str,
+        alias_index: Option<usize>,
+        plan: Plan,
+        deadline: Instant,
+    ) -> Self {
         let n = plan.candidates.len();
         Failover {
             runtime,
@@ -109,7 +115,11 @@ impl<'a> Failover<'a> {
     }
 
     /// Runs attempts until one succeeds; `attempt` performs one and returns its success value.
-    pub async fn run<T, F, Fut>(mut self, trail: &mut Trail, mut attempt: F) -> Result<(Candidate, T), Ending>
+    pub async fn run<T, F, Fut>(
+        mut self,
+        trail: &mut Trail,
+        mut attempt: F,
+    ) -> Result<(Candidate, T), Ending>
     where
         F: FnMut(Candidate) -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
@@ -126,7 +136,10 @@ impl<'a> Failover<'a> {
                 break;
             }
             let open: Vec<bool> = self.standing.iter().map(|s| *s == Standing::Open).collect();
-            let Some(i) = again.take().or_else(|| self.plan.choose(&open, self.runtime.turn(self.alias_index))) else {
+            let Some(i) = again
+                .take()
+                .or_else(|| self.plan.choose(&open, self.runtime.turn(self.alias_index)))
+            else {
                 break;
             };
             let candidate = self.plan.candidates[i].clone();
@@ -135,7 +148,8 @@ impl<'a> Failover<'a> {
                 Ok(value) => {
                     trail.push(&backend, "200".into());
                     if candidate.discovery {
-                        let until = now_ms() + self.snapshot().routing.not_served_ttl.as_millis() as u64;
+                        let until =
+                            now_ms() + self.snapshot().routing.not_served_ttl.as_millis() as u64;
                         self.runtime.state.mark_served(self.key(i), until);
                     }
                     return Ok((candidate, value));
@@ -179,7 +193,9 @@ impl<'a> Failover<'a> {
                 let until = now_ms() + wait.as_millis() as u64;
                 self.runtime.state.cool_down(self.key(i), until);
                 self.cooled_until_ms.push(until);
-                let fits = retry_after.is_some_and(|w| w <= routing.max_retry_wait && Instant::now() + w < self.deadline);
+                let fits = retry_after.is_some_and(|w| {
+                    w <= routing.max_retry_wait && Instant::now() + w < self.deadline
+                });
                 if may_retry && fits {
                     self.retries[i] += 1;
                     tokio::time::sleep(wait).await;
@@ -228,7 +244,12 @@ impl<'a> Failover<'a> {
         if out_of_time {
             return Ending::Error(GatewayError::UpstreamTimeout(alias));
         }
-        let telling: Vec<Verdict> = self.verdicts.iter().copied().filter(|v| *v != Verdict::NotServed).collect();
+        let telling: Vec<Verdict> = self
+            .verdicts
+            .iter()
+            .copied()
+            .filter(|v| *v != Verdict::NotServed)
+            .collect();
         let error = if telling.is_empty() {
             self.nothing_to_try()
         } else if telling.iter().all(|v| matches!(v, Verdict::Throttled(_))) {
@@ -236,7 +257,10 @@ impl<'a> Failover<'a> {
                 alias,
                 retry_after: self.soonest_free(),
             }
-        } else if telling.iter().all(|v| matches!(v, Verdict::TimedOut | Verdict::OutOfTime)) {
+        } else if telling
+            .iter()
+            .all(|v| matches!(v, Verdict::TimedOut | Verdict::OutOfTime))
+        {
             GatewayError::UpstreamTimeout(alias)
         } else {
             GatewayError::UpstreamFailed(alias)
@@ -246,20 +270,32 @@ impl<'a> Failover<'a> {
 
     /// The wait until the soonest cooling target frees up.
     fn soonest_free(&self) -> Duration {
-        let excluded = self.plan.excluded.iter().filter_map(|(_, reason)| match reason {
-            Excluded::CoolingDown { until_ms } => Some(*until_ms),
-            _ => None,
-        });
+        let excluded = self
+            .plan
+            .excluded
+            .iter()
+            .filter_map(|(_, reason)| match reason {
+                Excluded::CoolingDown { until_ms } => Some(*until_ms),
+                _ => None,
+            });
         let soonest = excluded.chain(self.cooled_until_ms.iter().copied()).min();
         let now = now_ms();
-        Duration::from_millis(soonest.map(|u| u.saturating_sub(now)).unwrap_or(1000).max(1))
+        Duration::from_millis(
+            soonest
+                .map(|u| u.saturating_sub(now))
+                .unwrap_or(1000)
+                .max(1),
+        )
     }
 
     /// Why nothing (more) could be asked: every target was excluded or taught us it lacks the model.
     fn nothing_to_try(&self) -> GatewayError {
         let alias = self.alias.to_owned();
         let reasons: Vec<Excluded> = self.plan.excluded.iter().map(|(_, r)| *r).collect();
-        if reasons.iter().any(|r| matches!(r, Excluded::CoolingDown { .. })) {
+        if reasons
+            .iter()
+            .any(|r| matches!(r, Excluded::CoolingDown { .. }))
+        {
             return GatewayError::UpstreamRateLimited {
                 alias,
                 retry_after: self.soonest_free(),

@@ -67,10 +67,17 @@ pub async fn start(snapshot: Snapshot) -> std::io::Result<Running> {
 /// Starts serving on listeners the caller bound (tests bind port 0).
 pub fn start_on(snapshot: Snapshot, client: TcpListener, admin: TcpListener) -> Running {
     let state = Arc::new(MemoryState::new());
-    let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(Arc::new(snapshot), state)));
+    let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(
+        Arc::new(snapshot),
+        state,
+    )));
     let (shutdown, watcher) = watch::channel(false);
-    let addr = client.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let admin_addr = admin.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let addr = client
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let admin_addr = admin
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let for_clients = runtime.clone();
     let clients = tokio::spawn(server::serve(
         client,

@@ -61,7 +61,11 @@ pub fn verdict(failure: &Failure) -> Verdict {
         Failure::ConnectError(_) | Failure::Reset(_) => Verdict::Transient,
         Failure::ConnectTimeout | Failure::FirstTokenTimeout => Verdict::TimedOut,
         Failure::Timeout => Verdict::OutOfTime,
-        Failure::Status { status, headers, body } => status_verdict(*status, headers, body),
+        Failure::Status {
+            status,
+            headers,
+            body,
+        } => status_verdict(*status, headers, body),
     }
 }
 
@@ -70,7 +74,9 @@ fn status_verdict(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdi
         429 => Verdict::Throttled(retry_after(headers)),
         401 | 403 => Verdict::CredentialRejected,
         404 => match error_code(body).as_deref() {
-            Some("DeploymentNotFound" | "model_not_found" | "DeploymentNotReady") => Verdict::NotServed,
+            Some("DeploymentNotFound" | "model_not_found" | "DeploymentNotReady") => {
+                Verdict::NotServed
+            }
             _ => Verdict::ClientError,
         },
         400 => match error_code(body).as_deref() {
@@ -84,7 +90,12 @@ fn status_verdict(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdi
 
 /// `retry-after-ms` when present (it is the precise one), else `retry-after` in seconds.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
     if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
         if ms.is_finite() && ms >= 0.0 {
             return Some(Duration::from_millis(ms.ceil() as u64));
@@ -113,10 +124,19 @@ mod tests {
     fn each_upstream_answer_has_its_verdict() {
         let not_found = r#"{"error":{"code":"DeploymentNotFound","message":"The API deployment for this resource does not exist."}}"#;
         assert_eq!(verdict(&status(404, not_found)), Verdict::NotServed);
-        assert_eq!(verdict(&status(404, r#"{"error":{"code":"404","message":"Resource not found"}}"#)), Verdict::ClientError);
+        assert_eq!(
+            verdict(&status(
+                404,
+                r#"{"error":{"code":"404","message":"Resource not found"}}"#
+            )),
+            Verdict::ClientError
+        );
         let too_long = r#"{"error":{"message":"too long","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
         assert_eq!(verdict(&status(400, too_long)), Verdict::ContextTooLong);
-        assert_eq!(verdict(&status(400, r#"{"error":{"code":"content_filter"}}"#)), Verdict::ClientError);
+        assert_eq!(
+            verdict(&status(400, r#"{"error":{"code":"content_filter"}}"#)),
+            Verdict::ClientError
+        );
         assert_eq!(verdict(&status(503, "")), Verdict::Transient);
         assert_eq!(verdict(&status(401, "")), Verdict::CredentialRejected);
         assert_eq!(verdict(&Failure::FirstTokenTimeout), Verdict::TimedOut);

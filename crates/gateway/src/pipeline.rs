@@ -44,7 +44,10 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
         Err(error) => error.into_response(),
     };
     let response = decorate(response, &id, &exchange, &runtime.snapshot);
-    if exchange.alias.is_some() || response.status().is_client_error() || response.status().is_server_error() {
+    if exchange.alias.is_some()
+        || response.status().is_client_error()
+        || response.status().is_server_error()
+    {
         tracing::info!(
             request_id = %id,
             %method,
@@ -65,7 +68,11 @@ fn request_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-async fn serve(runtime: &Runtime, request: Request<Incoming>, exchange: &mut Exchange) -> Result<Response<Body>, GatewayError> {
+async fn serve(
+    runtime: &Runtime,
+    request: Request<Incoming>,
+    exchange: &mut Exchange,
+) -> Result<Response<Body>, GatewayError> {
     let snapshot = &runtime.snapshot;
     match surface::route(request.method(), request.uri().path())? {
         Route::Healthz => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
@@ -92,9 +99,10 @@ async fn serve(runtime: &Runtime, request: Request<Incoming>, exchange: &mut Exc
 fn json(status: StatusCode, body: &'static str) -> Response<Body> {
     let mut response = Response::new(full(Bytes::from_static(body.as_bytes())));
     *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -108,9 +116,10 @@ fn models(snapshot: &Snapshot, tenant: &Tenant) -> Response<Body> {
         .collect();
     let body = serde_json::json!({"object": "list", "data": data});
     let mut response = Response::new(full(body.to_string()));
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -124,11 +133,18 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Gate
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::RequestTooLarge { limit });
     }
-    let limited = Limited::new(request.into_body(), usize::try_from(limit).unwrap_or(usize::MAX));
+    let limited = Limited::new(
+        request.into_body(),
+        usize::try_from(limit).unwrap_or(usize::MAX),
+    );
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(GatewayError::RequestTooLarge { limit }),
-        Err(error) => Err(GatewayError::InvalidRequest(format!("the request body could not be read: {error}"))),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(GatewayError::RequestTooLarge { limit })
+        }
+        Err(error) => Err(GatewayError::InvalidRequest(format!(
+            "the request body could not be read: {error}"
+        ))),
     }
 }
 
@@ -164,10 +180,9 @@ impl<'a> Call<'a> {
         let request = ClientRequest::parse(body, operation)?;
         let name = match alias {
             AliasSource::Path(name) => name,
-            AliasSource::Body => request
-                .model
-                .clone()
-                .ok_or_else(|| GatewayError::InvalidRequest("missing required field `model`".into()))?,
+            AliasSource::Body => request.model.clone().ok_or_else(|| {
+                GatewayError::InvalidRequest("missing required field `model`".into())
+            })?,
         };
         Ok(Call {
             runtime,
@@ -183,11 +198,19 @@ impl<'a> Call<'a> {
         let snapshot = &self.runtime.snapshot;
         exchange.alias = Some(self.name.clone());
         let (alias, alias_index) = resolve(snapshot, &self.name, self.caller.tenant)?;
-        let plan = router::plan(self.runtime, alias, &self.name, self.caller.tenant, self.operation);
+        let plan = router::plan(
+            self.runtime,
+            alias,
+            &self.name,
+            self.caller.tenant,
+            self.operation,
+        );
         let deadline = Instant::now() + snapshot.routing.timeouts.total;
         let failover = Failover::new(self.runtime, &self.name, alias_index, plan, deadline);
         let outcome = failover
-            .run(&mut exchange.trail, |candidate| self.attempt(candidate, deadline))
+            .run(&mut exchange.trail, |candidate| {
+                self.attempt(candidate, deadline)
+            })
             .await;
         match outcome {
             Ok((candidate, answer)) => {
@@ -210,9 +233,19 @@ impl<'a> Call<'a> {
             .backends
             .get(candidate.backend)
             .ok_or_else(|| Failure::ConnectError("unknown backend".into()))?;
-        let credential = self.runtime.credentials.get(candidate.backend).and_then(Option::as_ref);
-        let wire = provider::build(backend, credential, &candidate.deployment, self.operation, &self.request)
-            .map_err(|e| Failure::ConnectError(e.to_string()))?;
+        let credential = self
+            .runtime
+            .credentials
+            .get(candidate.backend)
+            .and_then(Option::as_ref);
+        let wire = provider::build(
+            backend,
+            credential,
+            &candidate.deployment,
+            self.operation,
+            &self.request,
+        )
+        .map_err(|e| Failure::ConnectError(e.to_string()))?;
         let client = self
             .runtime
             .clients
@@ -234,7 +267,9 @@ impl<'a> Call<'a> {
                 deadline,
                 drop_filter_chunks: self.dialect == Dialect::OpenAi,
             };
-            return Relay::open(response.into_body(), rules, first_token_by).await.map(Answer::Stream);
+            return Relay::open(response.into_body(), rules, first_token_by)
+                .await
+                .map(Answer::Stream);
         }
         let body = match tokio::time::timeout_at(deadline, response.into_body().collect()).await {
             Err(_) => return Err(Failure::Timeout),
@@ -250,7 +285,11 @@ impl<'a> Call<'a> {
 }
 
 /// The alias a name means for this tenant: a configured alias, or the `"*"` discovery alias.
-fn resolve<'s>(snapshot: &'s Snapshot, name: &str, tenant: &Tenant) -> Result<(&'s Alias, Option<usize>), GatewayError> {
+fn resolve<'s>(
+    snapshot: &'s Snapshot,
+    name: &str,
+    tenant: &Tenant,
+) -> Result<(&'s Alias, Option<usize>), GatewayError> {
     if let Some(&index) = snapshot.alias_by_name.get(name) {
         if !tenant.may_use(name) {
             return Err(GatewayError::ModelNotAllowed(name.to_owned()));
@@ -280,7 +319,8 @@ fn respond(answer: Answer) -> Response<Body> {
             content_type,
             body,
         } => {
-            let measured = serde_json::from_slice::<UsageProbe>(&body).is_ok_and(|p| p.usage.is_some());
+            let measured =
+                serde_json::from_slice::<UsageProbe>(&body).is_ok_and(|p| p.usage.is_some());
             let mut response = Response::new(full(body));
             *response.status_mut() = status;
             let headers = response.headers_mut();
@@ -295,7 +335,10 @@ fn respond(answer: Answer) -> Response<Body> {
         Answer::Stream(relay) => {
             let mut response = Response::new(relay.into_body());
             let headers = response.headers_mut();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
             headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
             response
@@ -305,7 +348,12 @@ fn respond(answer: Answer) -> Response<Body> {
 
 /// An upstream's own client error, as it came (status, content type and body).
 fn passthrough(failure: Failure) -> Response<Body> {
-    let Failure::Status { status, headers, body } = failure else {
+    let Failure::Status {
+        status,
+        headers,
+        body,
+    } = failure
+    else {
         return GatewayError::UpstreamFailed("the request".into()).into_response();
     };
     let mut response = Response::new(full(body));
@@ -314,11 +362,18 @@ fn passthrough(failure: Failure) -> Response<Body> {
         .get(header::CONTENT_TYPE)
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/json"));
-    response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, content_type);
     response
 }
 
-fn decorate(mut response: Response<Body>, id: &str, exchange: &Exchange, snapshot: &Snapshot) -> Response<Body> {
+fn decorate(
+    mut response: Response<Body>,
+    id: &str,
+    exchange: &Exchange,
+    snapshot: &Snapshot,
+) -> Response<Body> {
     let headers = response.headers_mut();
     let mut put = |name: &'static str, value: &str| {
         if let Ok(value) = HeaderValue::from_str(value) {

@@ -62,8 +62,9 @@ impl<'de> Deserialize<'de> for Fields {
 
 impl ClientRequest {
     pub fn parse(raw: Bytes, operation: Operation) -> Result<Self, GatewayError> {
-        let Fields(fields) = serde_json::from_slice(&raw)
-            .map_err(|e| GatewayError::InvalidRequest(format!("the request body is not valid JSON: {e}")))?;
+        let Fields(fields) = serde_json::from_slice(&raw).map_err(|e| {
+            GatewayError::InvalidRequest(format!("the request body is not valid JSON: {e}"))
+        })?;
         let mut request = ClientRequest {
             raw,
             fields,
@@ -71,7 +72,9 @@ impl ClientRequest {
             stream: false,
         };
         request.model = request.typed::<String>("model", "a string")?;
-        request.stream = request.typed::<bool>("stream", "a boolean")?.unwrap_or(false);
+        request.stream = request
+            .typed::<bool>("stream", "a boolean")?
+            .unwrap_or(false);
         match operation {
             Operation::ChatCompletions => request.require_array("messages")?,
             Operation::Embeddings => request.require_present("input")?,
@@ -80,11 +83,18 @@ impl ClientRequest {
     }
 
     fn field(&self, name: &str) -> Option<&RawValue> {
-        self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_ref())
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_ref())
     }
 
     /// A field decoded as `T`, `None` when absent or null.
-    fn typed<T: serde::de::DeserializeOwned>(&self, name: &str, expected: &str) -> Result<Option<T>, GatewayError> {
+    fn typed<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        expected: &str,
+    ) -> Result<Option<T>, GatewayError> {
         match self.field(name) {
             None => Ok(None),
             Some(raw) if raw.get() == "null" => Ok(None),
@@ -97,7 +107,9 @@ impl ClientRequest {
     fn require_present(&self, name: &str) -> Result<(), GatewayError> {
         match self.field(name) {
             Some(raw) if raw.get() != "null" => Ok(()),
-            _ => Err(GatewayError::InvalidRequest(format!("missing required field `{name}`"))),
+            _ => Err(GatewayError::InvalidRequest(format!(
+                "missing required field `{name}`"
+            ))),
         }
     }
 
@@ -105,7 +117,9 @@ impl ClientRequest {
         self.require_present(name)?;
         match self.field(name) {
             Some(raw) if raw.get().starts_with('[') => Ok(()),
-            _ => Err(GatewayError::InvalidRequest(format!("`{name}` must be an array"))),
+            _ => Err(GatewayError::InvalidRequest(format!(
+                "`{name}` must be an array"
+            ))),
         }
     }
 

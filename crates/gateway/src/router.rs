@@ -37,7 +37,13 @@ pub struct Plan {
 }
 
 /// The candidates of `alias` for this tenant; `requested` names the deployment on `"*"` targets.
-pub fn plan(runtime: &Runtime, alias: &Alias, requested: &str, tenant: &Tenant, operation: Operation) -> Plan {
+pub fn plan(
+    runtime: &Runtime,
+    alias: &Alias,
+    requested: &str,
+    tenant: &Tenant,
+    operation: Operation,
+) -> Plan {
     let snapshot = &runtime.snapshot;
     let now = now_ms();
     let mut plan = Plan {
@@ -60,9 +66,14 @@ pub fn plan(runtime: &Runtime, alias: &Alias, requested: &str, tenant: &Tenant, 
         } else if !provider::supports(backend, operation) {
             Some(Excluded::Unsupported)
         } else {
-            match runtime.state.exclusion(&backend.name, &candidate.deployment, now) {
+            match runtime
+                .state
+                .exclusion(&backend.name, &candidate.deployment, now)
+            {
                 Some(Exclusion::NotServed { .. }) => Some(Excluded::NotServed),
-                Some(Exclusion::CoolingDown { until_ms }) => Some(Excluded::CoolingDown { until_ms }),
+                Some(Exclusion::CoolingDown { until_ms }) => {
+                    Some(Excluded::CoolingDown { until_ms })
+                }
                 None => None,
             }
         };
@@ -87,14 +98,20 @@ fn prefer_known_servers(runtime: &Runtime, plan: &mut Plan, now: u64) {
             && backends
                 .get(candidate.backend)
                 .is_some_and(|b| runtime.state.is_served(&b.name, &candidate.deployment, now));
-        candidate.priority = candidate.priority.saturating_mul(2).saturating_add(u32::from(!known));
+        candidate.priority = candidate
+            .priority
+            .saturating_mul(2)
+            .saturating_add(u32::from(!known));
     }
 }
 
 impl Plan {
     /// How many candidates share `priority`.
     pub fn group_size(&self, priority: u32) -> usize {
-        self.candidates.iter().filter(|c| c.priority == priority).count()
+        self.candidates
+            .iter()
+            .filter(|c| c.priority == priority)
+            .count()
     }
 
     /// The next candidate among those `open` says may still be asked: the lowest priority group,

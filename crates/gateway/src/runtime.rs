@@ -24,7 +24,9 @@ impl Runtime {
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<dyn State>) -> Self {
         let clients = snapshot.backends.iter().map(client_for).collect();
         let credentials = snapshot.backends.iter().map(provider::credential).collect();
-        let turns = (0..=snapshot.aliases.len()).map(|_| AtomicU64::new(0)).collect();
+        let turns = (0..=snapshot.aliases.len())
+            .map(|_| AtomicU64::new(0))
+            .collect();
         Runtime {
             snapshot,
             clients,

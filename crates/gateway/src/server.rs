@@ -72,7 +72,10 @@ where
         }
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!("shutdown: connections still open after {DRAIN:?}, closing them");
     }
 }

@@ -80,7 +80,9 @@ pub enum EventKind {
     /// A chunk before any content (the role chunk) or after it (the usage chunk).
     Meta,
     /// Text, tool calls, or a finish reason.
-    Content { finished: bool },
+    Content {
+        finished: bool,
+    },
     /// An upstream `error` object inside the stream.
     Error,
 }
@@ -132,7 +134,11 @@ pub fn classify(event: &[u8]) -> EventKind {
     }
     if chunk.choices.is_empty() {
         let filter_only = chunk.prompt_filter_results.is_some() && chunk.usage.is_none();
-        return if filter_only { EventKind::FilterOnly } else { EventKind::Meta };
+        return if filter_only {
+            EventKind::FilterOnly
+        } else {
+            EventKind::Meta
+        };
     }
     let finished = chunk.choices.iter().any(|c| c.finish_reason.is_some());
     let has_content = chunk.choices.iter().any(|c| {
@@ -234,7 +240,11 @@ impl Relay {
     }
 
     /// Reads until the first content event; failures before it are the attempt's failures.
-    pub async fn open(body: Incoming, rules: StreamRules, first_token_by: Instant) -> Result<Relay, Failure> {
+    pub async fn open(
+        body: Incoming,
+        rules: StreamRules,
+        first_token_by: Instant,
+    ) -> Result<Relay, Failure> {
         let mut relay = Relay {
             body,
             framer: Framer::default(),
@@ -248,11 +258,15 @@ impl Relay {
         loop {
             match relay.read(until).await {
                 Read::Data(data) => match relay.absorb(&data) {
-                    Some(EventKind::Error) => return Err(Failure::Reset("the upstream sent an error event".into())),
+                    Some(EventKind::Error) => {
+                        return Err(Failure::Reset("the upstream sent an error event".into()))
+                    }
                     Some(_) => return Ok(relay),
                     None => {}
                 },
-                Read::End => return Err(Failure::Reset("the stream ended before any content".into())),
+                Read::End => {
+                    return Err(Failure::Reset("the stream ended before any content".into()))
+                }
                 Read::Failed(e) => return Err(Failure::Reset(e)),
                 Read::Idle if until < rules.deadline => return Err(Failure::FirstTokenTimeout),
                 Read::Idle | Read::OutOfTime => return Err(Failure::Timeout),
@@ -334,10 +348,16 @@ mod tests {
     fn the_framer_splits_events_across_reads() {
         let mut framer = Framer::default();
         framer.push(b"data: {\"a\":1}\n\ndata: {\"b\"");
-        assert_eq!(framer.next_event().as_deref(), Some(&b"data: {\"a\":1}\n\n"[..]));
+        assert_eq!(
+            framer.next_event().as_deref(),
+            Some(&b"data: {\"a\":1}\n\n"[..])
+        );
         assert_eq!(framer.next_event(), None);
         framer.push(b":2}\r\n\r\n");
-        assert_eq!(framer.next_event().as_deref(), Some(&b"data: {\"b\":2}\r\n\r\n"[..]));
+        assert_eq!(
+            framer.next_event().as_deref(),
+            Some(&b"data: {\"b\":2}\r\n\r\n"[..])
+        );
     }
 
     #[test]
@@ -350,17 +370,24 @@ mod tests {
             EventKind::FilterOnly
         );
         assert_eq!(
-            classify(br#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#),
+            classify(
+                br#"data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#
+            ),
             EventKind::Meta
         );
         assert_eq!(
-            classify(br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}"#),
+            classify(
+                br#"data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}"#
+            ),
             EventKind::Content { finished: false }
         );
         assert_eq!(
             classify(br#"data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#),
             EventKind::Content { finished: true }
         );
-        assert_eq!(classify(br#"data: {"error":{"message":"x"}}"#), EventKind::Error);
+        assert_eq!(
+            classify(br#"data: {"error":{"message":"x"}}"#),
+            EventKind::Error
+        );
     }
 }

@@ -41,8 +41,14 @@ pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
         ["healthz"] => (Route::Healthz, Method::GET),
         ["readyz"] => (Route::Readyz, Method::GET),
         ["v1", "models"] | ["openai", "v1", "models"] => (Route::Models, Method::GET),
-        ["v1", rest @ ..] => (call(rest, Dialect::OpenAi, AliasSource::Body, path)?, Method::POST),
-        ["openai", "v1", rest @ ..] => (call(rest, Dialect::Azure, AliasSource::Body, path)?, Method::POST),
+        ["v1", rest @ ..] => (
+            call(rest, Dialect::OpenAi, AliasSource::Body, path)?,
+            Method::POST,
+        ),
+        ["openai", "v1", rest @ ..] => (
+            call(rest, Dialect::Azure, AliasSource::Body, path)?,
+            Method::POST,
+        ),
         ["openai", "deployments", alias, rest @ ..] if !alias.is_empty() => {
             let alias = AliasSource::Path(percent_decode(alias));
             (call(rest, Dialect::Azure, alias, path)?, Method::POST)
@@ -50,12 +56,19 @@ pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
         _ => return Err(no_route(path)),
     };
     if *method != allowed {
-        return Err(GatewayError::MethodNotAllowed(format!("{path} accepts {allowed} only, not {method}")));
+        return Err(GatewayError::MethodNotAllowed(format!(
+            "{path} accepts {allowed} only, not {method}"
+        )));
     }
     Ok(route)
 }
 
-fn call(rest: &[&str], dialect: Dialect, alias: AliasSource, path: &str) -> Result<Route, GatewayError> {
+fn call(
+    rest: &[&str],
+    dialect: Dialect,
+    alias: AliasSource,
+    path: &str,
+) -> Result<Route, GatewayError> {
     let operation = match rest {
         ["chat", "completions"] => Operation::ChatCompletions,
         ["embeddings"] => Operation::Embeddings,
@@ -78,7 +91,9 @@ fn percent_decode(segment: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
         match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
             (b'%', Some(byte)) => {
                 out.push(byte);
@@ -108,7 +123,11 @@ mod tests {
                 alias: AliasSource::Body
             }
         );
-        let azure = route(&Method::POST, "/openai/deployments/chat%2Ddefault/embeddings").unwrap();
+        let azure = route(
+            &Method::POST,
+            "/openai/deployments/chat%2Ddefault/embeddings",
+        )
+        .unwrap();
         assert_eq!(
             azure,
             Route::Call {
@@ -123,7 +142,10 @@ mod tests {
 
     #[test]
     fn unknown_paths_and_wrong_methods_are_refused() {
-        assert!(matches!(route(&Method::POST, "/v2/x"), Err(GatewayError::NotFound(_))));
+        assert!(matches!(
+            route(&Method::POST, "/v2/x"),
+            Err(GatewayError::NotFound(_))
+        ));
         assert!(matches!(
             route(&Method::GET, "/v1/chat/completions"),
             Err(GatewayError::MethodNotAllowed(_))

@@ -96,7 +96,12 @@ pub async fn send(
     let request = request
         .body(Full::new(wire.body))
         .map_err(|e| Failure::ConnectError(e.to_string()))?;
-    let response = match tokio::time::timeout_at(first_token_by.min(deadline), client.request(request)).await {
+    let response = match tokio::time::timeout_at(
+        first_token_by.min(deadline),
+        client.request(request),
+    )
+    .await
+    {
         Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
         Err(_) => return Err(Failure::Timeout),
         Ok(Err(error)) => return Err(transport_failure(&error)),
@@ -106,7 +111,9 @@ pub async fn send(
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = match tokio::time::timeout_at(deadline, Limited::new(body, MAX_ERROR_BODY).collect()).await {
+    let body = match tokio::time::timeout_at(deadline, Limited::new(body, MAX_ERROR_BODY).collect())
+        .await
+    {
         Err(_) => return Err(Failure::Timeout),
         Ok(Err(error)) => return Err(Failure::Reset(error.to_string())),
         Ok(Ok(collected)) => collected.to_bytes(),

@@ -11,7 +11,9 @@ use common::*;
 fn azure(name: &str, region: &str, deployments: &[&str]) -> EndpointSpec {
     deployments
         .iter()
-        .fold(EndpointSpec::azure(name, region), |spec, d| spec.deployment(DeploymentSpec::new(d)))
+        .fold(EndpointSpec::azure(name, region), |spec, d| {
+            spec.deployment(DeploymentSpec::new(d))
+        })
 }
 
 fn failing(status: u16) -> Behavior {
@@ -22,7 +24,9 @@ fn failing(status: u16) -> Behavior {
 }
 
 fn backend(name: &str) -> String {
-    format!("  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\" }}\n")
+    format!(
+        "  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\" }}\n"
+    )
 }
 
 fn backends(names: &[&str]) -> String {
@@ -106,7 +110,11 @@ async fn a_5xx_fails_over_to_another_target_of_the_group_at_once() {
         );
     }
     assert!(h.endpoint("broken").total_requests() >= 1);
-    assert!(started.elapsed() < Duration::from_secs(2), "failover paused: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "failover paused: {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -174,7 +182,10 @@ async fn a_short_retry_after_on_a_lone_target_is_waited_for_and_a_long_one_is_no
     let started = Instant::now();
     let answer = h.chat("chat").await;
     assert_eq!(answer.attempts(), "ptu=429,ptu=429,paygo=200");
-    assert!(started.elapsed() >= Duration::from_millis(900), "did not wait for Retry-After");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "did not wait for Retry-After"
+    );
     // The cooldown now keeps ptu out of rotation altogether.
     let answer = h.chat("chat").await;
     assert_eq!(answer.attempts(), "paygo=200");
@@ -188,7 +199,10 @@ async fn a_short_retry_after_on_a_lone_target_is_waited_for_and_a_long_one_is_no
     let started = Instant::now();
     let answer = h.chat("chat").await;
     assert_eq!(answer.attempts(), "ptu=429,paygo=200");
-    assert!(started.elapsed() < Duration::from_millis(900), "waited for a long Retry-After");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "waited for a long Retry-After"
+    );
 }
 
 #[tokio::test]
@@ -213,7 +227,11 @@ async fn a_429_cools_the_target_down_for_its_retry_after() {
         assert_eq!(answer.status, 200);
         assert_eq!(answer.header("x-onedoor-backend"), "cool");
     }
-    assert_eq!(h.endpoint("hot").total_requests(), 1, "a cooling target was asked again");
+    assert_eq!(
+        h.endpoint("hot").total_requests(),
+        1,
+        "a cooling target was asked again"
+    );
     let admin = h.admin_get("/admin/backends", Some(ADMIN_TOKEN)).await;
     assert!(admin.body.contains("cooling_down"), "{}", admin.body);
 }
@@ -246,7 +264,10 @@ async fn when_every_target_is_throttled_the_caller_gets_the_soonest_retry_after(
     let answer = h.chat("chat").await;
     assert_eq!(answer.status, 429);
     assert_eq!(answer.attempts(), "");
-    assert_eq!(h.endpoint("a").total_requests() + h.endpoint("b").total_requests(), 2);
+    assert_eq!(
+        h.endpoint("a").total_requests() + h.endpoint("b").total_requests(),
+        2
+    );
 }
 
 #[tokio::test]
@@ -266,9 +287,19 @@ async fn the_not_served_cache_skips_a_backend_that_lacks_the_deployment() {
         let next = h.chat("gpt-4.1").await;
         assert_eq!(next.attempts(), "has=200");
     }
-    assert_eq!(h.endpoint("lacks").requests("gpt-4.1"), 1, "the not-served backend was asked again");
+    assert_eq!(
+        h.endpoint("lacks").requests("gpt-4.1"),
+        1,
+        "the not-served backend was asked again"
+    );
     let admin = h.admin_get("/admin/backends", Some(ADMIN_TOKEN)).await;
-    assert!(admin.body.contains(r#""not_served":[{"deployment":"gpt-4.1""#), "{}", admin.body);
+    assert!(
+        admin
+            .body
+            .contains(r#""not_served":[{"deployment":"gpt-4.1""#),
+        "{}",
+        admin.body
+    );
 }
 
 #[tokio::test]
@@ -276,20 +307,37 @@ async fn fifteen_endpoints_one_serving_it_is_found_in_one_request_and_remembered
     let names: Vec<String> = (1..=15).map(|i| format!("ep{i:02}")).collect();
     let specs = names
         .iter()
-        .map(|n| azure(n, "swedencentral", if n == "ep15" { &["gpt-new"] } else { &["gpt-4o"] }))
+        .map(|n| {
+            azure(
+                n,
+                "swedencentral",
+                if n == "ep15" {
+                    &["gpt-new"]
+                } else {
+                    &["gpt-4o"]
+                },
+            )
+        })
         .collect();
     let list = names.join(", ");
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let h = Harness::start(
         specs,
-        &format!("{}models:\n  - name: \"*\"\n    targets:\n      - {{ backends: [{list}] }}\n", backends(&refs)),
+        &format!(
+            "{}models:\n  - name: \"*\"\n    targets:\n      - {{ backends: [{list}] }}\n",
+            backends(&refs)
+        ),
     )
     .await;
     let started = Instant::now();
     let first = h.chat("gpt-new").await;
     assert_eq!(first.status, 200, "{}", first.body);
     assert_eq!(first.header("x-onedoor-backend"), "ep15");
-    assert!(first.attempts().ends_with("ep15=200"), "{}", first.attempts());
+    assert!(
+        first.attempts().ends_with("ep15=200"),
+        "{}",
+        first.attempts()
+    );
     assert!(started.elapsed() < Duration::from_secs(2));
     let next = h.chat("gpt-new").await;
     assert_eq!(next.attempts(), "ep15=200");
@@ -335,8 +383,16 @@ async fn an_upstream_content_filter_400_is_returned_as_it_came_and_never_retried
     let answer = h.post("/v1/chat/completions", body).await;
     assert_eq!(answer.status, 400);
     assert_eq!(answer.json()["error"]["code"], "content_filter");
-    assert_eq!(answer.attempts().split(',').count(), 1, "{}", answer.attempts());
-    assert_eq!(h.endpoint("a").total_requests() + h.endpoint("b").total_requests(), 1);
+    assert_eq!(
+        answer.attempts().split(',').count(),
+        1,
+        "{}",
+        answer.attempts()
+    );
+    assert_eq!(
+        h.endpoint("a").total_requests() + h.endpoint("b").total_requests(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -377,7 +433,11 @@ async fn a_first_token_timeout_fails_over_and_that_target_is_not_tried_again() {
     assert_eq!(answer.attempts(), "slow=first_token_timeout,fast=200");
     // The abandoned upstream request was cancelled.
     let slow = h.endpoint("slow");
-    assert!(eventually(|| slow.cancelled() == 1).await, "cancelled = {}", slow.cancelled());
+    assert!(
+        eventually(|| slow.cancelled() == 1).await,
+        "cancelled = {}",
+        slow.cancelled()
+    );
 }
 
 #[tokio::test]
@@ -396,7 +456,9 @@ async fn a_model_that_sends_headers_and_then_thinks_is_caught_by_the_first_token
         ),
     )
     .await;
-    let answer = h.post("/v1/chat/completions", chat_body("chat", true)).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
     assert_eq!(answer.status, 200);
     assert_eq!(answer.attempts(), "thinker=first_token_timeout,fast=200");
     assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);
@@ -405,20 +467,31 @@ async fn a_model_that_sends_headers_and_then_thinks_is_caught_by_the_first_token
 #[tokio::test]
 async fn attempts_are_bounded_by_max_attempts_and_end_in_upstream_failed() {
     let names = ["a", "b", "c", "d", "e"];
-    let specs = names.iter().map(|n| azure(n, "swedencentral", &["gpt-4o"]).behavior(failing(500))).collect();
+    let specs = names
+        .iter()
+        .map(|n| azure(n, "swedencentral", &["gpt-4o"]).behavior(failing(500)))
+        .collect();
     let targets: String = names
         .iter()
         .map(|n| format!("      - {{ backend: {n}, deployment: gpt-4o }}\n"))
         .collect();
     let h = Harness::start(
         specs,
-        &format!("routing: {{ max_attempts: 3 }}\n{}models:\n  - name: chat\n    targets:\n{targets}", backends(&names)),
+        &format!(
+            "routing: {{ max_attempts: 3 }}\n{}models:\n  - name: chat\n    targets:\n{targets}",
+            backends(&names)
+        ),
     )
     .await;
     let answer = h.chat("chat").await;
     assert_eq!(answer.status, 502);
     assert_eq!(answer.code(), "upstream_failed");
-    assert_eq!(answer.attempts().split(',').count(), 3, "{}", answer.attempts());
+    assert_eq!(
+        answer.attempts().split(',').count(),
+        3,
+        "{}",
+        answer.attempts()
+    );
     assert!(answer.attempts().split(',').all(|a| a.ends_with("=500")));
     assert_eq!(answer.header("x-onedoor-backend"), "");
 }

@@ -88,7 +88,10 @@ async fn a_chat_completion_answers_with_the_gateway_headers() {
     assert_eq!(answer.header("x-onedoor-usage"), "measured");
     let body = answer.json();
     assert_eq!(body["object"], "chat.completion");
-    assert!(body["choices"][0]["message"]["content"].as_str().unwrap().contains("se/gpt-4o"));
+    assert!(body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("se/gpt-4o"));
 }
 
 #[tokio::test]
@@ -96,8 +99,19 @@ async fn the_key_is_accepted_in_each_of_the_three_headers() {
     let h = harness().await;
     let body = Bytes::from(chat_body("chat", false).to_string());
     let bearer = format!("Bearer {KEY}");
-    for header in [("authorization", bearer.as_str()), ("api-key", KEY), ("x-api-key", KEY)] {
-        let answer = h.send(Method::POST, h.url("/v1/chat/completions"), &[header], body.clone()).await;
+    for header in [
+        ("authorization", bearer.as_str()),
+        ("api-key", KEY),
+        ("x-api-key", KEY),
+    ] {
+        let answer = h
+            .send(
+                Method::POST,
+                h.url("/v1/chat/completions"),
+                &[header],
+                body.clone(),
+            )
+            .await;
         assert_eq!(answer.status, 200, "{}: {}", header.0, answer.body);
     }
 }
@@ -120,9 +134,16 @@ async fn azure_style_paths_and_an_openai_compatible_backend_answer() {
         .await;
     assert_eq!(embed.status, 200, "{}", embed.body);
     assert_eq!(embed.json()["object"], "list");
-    let v1_embed = h.post("/v1/embeddings", serde_json::json!({"model": "embed", "input": ["a", "b"]})).await;
+    let v1_embed = h
+        .post(
+            "/v1/embeddings",
+            serde_json::json!({"model": "embed", "input": ["a", "b"]}),
+        )
+        .await;
     assert_eq!(v1_embed.json()["data"].as_array().unwrap().len(), 2);
-    let v1_azure = h.post("/openai/v1/chat/completions", chat_body("chat", false)).await;
+    let v1_azure = h
+        .post("/openai/v1/chat/completions", chat_body("chat", false))
+        .await;
     assert_eq!(v1_azure.status, 200, "{}", v1_azure.body);
     // The OpenAI-compatible backend gets its own model name in the body, and its own key.
     let local = h.chat("local").await;
@@ -135,7 +156,14 @@ async fn azure_style_paths_and_an_openai_compatible_backend_answer() {
 async fn models_lists_only_the_aliases_the_key_may_use() {
     let h = harness().await;
     let auth = format!("Bearer {OTHER_KEY}");
-    let answer = h.send(Method::GET, h.url("/v1/models"), &[("authorization", &auth)], Bytes::new()).await;
+    let answer = h
+        .send(
+            Method::GET,
+            h.url("/v1/models"),
+            &[("authorization", &auth)],
+            Bytes::new(),
+        )
+        .await;
     assert_eq!(answer.status, 200);
     let ids: Vec<String> = answer.json()["data"]
         .as_array()
@@ -150,7 +178,12 @@ async fn models_lists_only_the_aliases_the_key_may_use() {
 async fn every_gateway_error_has_its_status_code_and_headers() {
     let h = harness().await;
     let no_key = h
-        .send(Method::POST, h.url("/v1/chat/completions"), &[], Bytes::from("{}"))
+        .send(
+            Method::POST,
+            h.url("/v1/chat/completions"),
+            &[],
+            Bytes::from("{}"),
+        )
         .await;
     let bad_key = h
         .send(
@@ -171,7 +204,9 @@ async fn every_gateway_error_has_its_status_code_and_headers() {
             Bytes::from_static(b"{\"model\": \"chat\", "),
         )
         .await;
-    let missing_messages = h.post("/v1/chat/completions", serde_json::json!({"model": "chat"})).await;
+    let missing_messages = h
+        .post("/v1/chat/completions", serde_json::json!({"model": "chat"}))
+        .await;
     let too_large = h
         .post(
             "/v1/chat/completions",
@@ -196,24 +231,41 @@ async fn every_gateway_error_has_its_status_code_and_headers() {
         assert!(answer.headers.contains_key("x-onedoor-attempts"));
         assert!(!answer.body.contains(KEY) && !answer.body.contains("se-upstream-secret"));
     }
-    assert!(malformed.body.contains("not valid JSON"), "{}", malformed.body);
-    assert!(outside_regions.body.contains("regions"), "{}", outside_regions.body);
-    assert_eq!(h.endpoint("us").total_requests(), 0, "a request left the tenant's regions");
+    assert!(
+        malformed.body.contains("not valid JSON"),
+        "{}",
+        malformed.body
+    );
+    assert!(
+        outside_regions.body.contains("regions"),
+        "{}",
+        outside_regions.body
+    );
+    assert_eq!(
+        h.endpoint("us").total_requests(),
+        0,
+        "a request left the tenant's regions"
+    );
 }
 
 #[tokio::test]
 async fn a_declared_body_over_the_limit_is_refused_before_it_is_read() {
     let h = harness().await;
-    let mut stream = tokio::net::TcpStream::connect(h.gateway.addr()).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(h.gateway.addr())
+        .await
+        .unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-length: 10000000\r\n\r\n"
     );
     stream.write_all(head.as_bytes()).await.unwrap();
     let mut reply = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut stream, &mut reply))
-        .await
-        .expect("answered without the body")
-        .unwrap();
+    let n = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut stream, &mut reply),
+    )
+    .await
+    .expect("answered without the body")
+    .unwrap();
     let reply = String::from_utf8_lossy(&reply[..n]);
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
 }
@@ -221,12 +273,18 @@ async fn a_declared_body_over_the_limit_is_refused_before_it_is_read() {
 #[tokio::test]
 async fn a_stream_passes_through_and_azure_filter_chunks_are_dropped_on_v1_only() {
     let h = harness().await;
-    let v1 = h.post("/v1/chat/completions", chat_body("chat", true)).await;
+    let v1 = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
     assert_eq!(v1.status, 200);
     assert_eq!(v1.header("content-type"), "text/event-stream");
     assert!(v1.body.ends_with("data: [DONE]\n\n"), "{}", v1.body);
     assert!(!v1.body.contains("prompt_filter_results"), "{}", v1.body);
-    assert!(v1.body.contains("\"finish_reason\":\"stop\""), "{}", v1.body);
+    assert!(
+        v1.body.contains("\"finish_reason\":\"stop\""),
+        "{}",
+        v1.body
+    );
     let azure = h
         .post(
             "/openai/deployments/chat/chat/completions?api-version=2024-10-21",
@@ -234,7 +292,11 @@ async fn a_stream_passes_through_and_azure_filter_chunks_are_dropped_on_v1_only(
         )
         .await;
     let first = azure.body.split("\n\n").next().unwrap_or("");
-    assert!(first.contains("\"choices\":[]") && first.contains("prompt_filter_results"), "{}", azure.body);
+    assert!(
+        first.contains("\"choices\":[]") && first.contains("prompt_filter_results"),
+        "{}",
+        azure.body
+    );
     assert!(azure.body.ends_with("data: [DONE]\n\n"));
 }
 
@@ -245,12 +307,18 @@ async fn a_stream_cut_after_content_ends_with_an_explicit_error_event() {
         cut_after: Some(3),
         ..Behavior::default()
     });
-    let answer = h.post("/v1/chat/completions", chat_body("chat", true)).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
     assert_eq!(answer.status, 200);
     let last = answer.body.trim_end().lines().last().unwrap_or("");
     assert!(last.starts_with("data: {\"error\""), "{}", answer.body);
     assert!(!answer.body.contains("[DONE]"), "{}", answer.body);
-    assert!(!answer.body.contains("\"finish_reason\":\"stop\""), "{}", answer.body);
+    assert!(
+        !answer.body.contains("\"finish_reason\":\"stop\""),
+        "{}",
+        answer.body
+    );
 }
 
 #[tokio::test]
@@ -261,7 +329,9 @@ async fn a_client_that_goes_away_cancels_the_upstream_call() {
         ..Behavior::default()
     });
     let body = chat_body("slow", false).to_string();
-    let mut stream = tokio::net::TcpStream::connect(h.gateway.addr()).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(h.gateway.addr())
+        .await
+        .unwrap();
     let request = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -270,7 +340,10 @@ async fn a_client_that_goes_away_cancels_the_upstream_call() {
     let us = h.endpoint("us");
     assert!(eventually(|| us.requests("slow") == 1).await);
     drop(stream);
-    assert!(eventually(|| us.cancelled() == 1).await, "the upstream call was not cancelled");
+    assert!(
+        eventually(|| us.cancelled() == 1).await,
+        "the upstream call was not cancelled"
+    );
 }
 
 #[tokio::test]
@@ -281,7 +354,9 @@ async fn health_and_readiness_answer_without_a_key() {
         assert_eq!(answer.status, 200, "{path}");
         assert!(answer.headers.contains_key("x-onedoor-request-id"));
     }
-    let unknown = h.send(Method::GET, h.url("/v2/nothing"), &[], Bytes::new()).await;
+    let unknown = h
+        .send(Method::GET, h.url("/v2/nothing"), &[], Bytes::new())
+        .await;
     assert_eq!(unknown.status, 404);
 }
 
@@ -289,7 +364,10 @@ async fn health_and_readiness_answer_without_a_key() {
 async fn the_admin_api_requires_its_token() {
     let h = harness().await;
     assert_eq!(h.admin_get("/admin/backends", None).await.status, 401);
-    assert_eq!(h.admin_get("/admin/backends", Some("wrong")).await.status, 401);
+    assert_eq!(
+        h.admin_get("/admin/backends", Some("wrong")).await.status,
+        401
+    );
     assert_eq!(h.admin_get("/admin/backends", Some(KEY)).await.status, 401);
     let answer = h.admin_get("/admin/backends", Some(ADMIN_TOKEN)).await;
     assert_eq!(answer.status, 200);

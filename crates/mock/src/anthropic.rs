@@ -28,17 +28,10 @@ impl Wire for Anthropic {
 
     fn check_headers(&self, headers: &HeaderMap, key: Option<&str>) -> Result<(), Reject> {
         let presented = headers.get("x-api-key").and_then(|v| v.to_str().ok());
-        match (key, presented) {
-            (Some(key), Some(p)) if p != key => {
-                return Err(Reject::Unauthorized(Some(p.to_owned())))
-            }
-            (Some(_), None) => return Err(Reject::Unauthorized(None)),
-            _ => {}
-        }
+        dialect::check_key(key, presented)?;
         if !headers.contains_key("anthropic-version") {
-            return Err(Reject::Invalid(
-                "anthropic-version: header is required".to_owned(),
-            ));
+            let message = "anthropic-version: header is required".to_owned();
+            return Err(Reject::Invalid(message));
         }
         Ok(())
     }

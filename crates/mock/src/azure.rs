@@ -43,15 +43,8 @@ impl Wire for Azure {
     }
 
     fn check_headers(&self, headers: &HeaderMap, key: Option<&str>) -> Result<(), Reject> {
-        let Some(key) = key else { return Ok(()) };
-        let presented = headers
-            .get("api-key")
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| dialect::bearer(headers));
-        match presented {
-            Some(p) if p == key => Ok(()),
-            p => Err(Reject::Unauthorized(p.map(str::to_owned))),
-        }
+        let api_key = headers.get("api-key").and_then(|v| v.to_str().ok());
+        dialect::check_key(key, api_key.or_else(|| dialect::bearer(headers)))
     }
 
     fn parse_chat(&self, body: &Value) -> Result<Chat, Reject> {

@@ -113,6 +113,15 @@ pub fn wire(dialect: Dialect) -> &'static dyn Wire {
     }
 }
 
+/// Passes when the endpoint has no key or the presented one matches it.
+pub fn check_key(key: Option<&str>, presented: Option<&str>) -> Result<(), Reject> {
+    match (key, presented) {
+        (None, _) => Ok(()),
+        (Some(k), Some(p)) if k == p => Ok(()),
+        (Some(_), p) => Err(Reject::Unauthorized(p.map(str::to_owned))),
+    }
+}
+
 /// The credential in `Authorization: Bearer …`.
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get("authorization")?.to_str().ok()?;

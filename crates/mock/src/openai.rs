@@ -35,11 +35,7 @@ impl Wire for OpenAi {
     }
 
     fn check_headers(&self, headers: &HeaderMap, key: Option<&str>) -> Result<(), Reject> {
-        let Some(key) = key else { return Ok(()) };
-        match dialect::bearer(headers) {
-            Some(presented) if presented == key => Ok(()),
-            presented => Err(Reject::Unauthorized(presented.map(str::to_owned))),
-        }
+        dialect::check_key(key, dialect::bearer(headers))
     }
 
     fn request_id(&self) -> String {

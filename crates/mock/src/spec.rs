@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use crate::Behavior;
 
 /// Which provider's wire format an endpoint speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dialect {
     Azure,

@@ -100,6 +100,9 @@ async fn next_frame(mut p: Playback) -> Option<(Result<Frame<Bytes>, io::Error>,
     match p.end {
         End::Finish => None,
         End::Cut => {
+            // Go pending once so hyper flushes the chunks already written: failing straight
+            // away would discard them together with the headers.
+            tokio::task::yield_now().await;
             p.watch.complete();
             p.end = End::Finish;
             Some((Err(io::Error::other("mock: stream cut")), p))

@@ -35,8 +35,9 @@ fn fleet_specs() -> Vec<EndpointSpec> {
         EndpointSpec::azure("sub3-eastus", "eastus")
             .deployment(gpt4o())
             .deployment(DeploymentSpec::new("gpt-4.1").model("gpt-4.1-2025-04-14")),
-        EndpointSpec::anthropic("anthropic-eu", "europe")
-            .deployment(DeploymentSpec::new("claude-sonnet-4-5").model("claude-sonnet-4-5-20250929")),
+        EndpointSpec::anthropic("anthropic-eu", "europe").deployment(
+            DeploymentSpec::new("claude-sonnet-4-5").model("claude-sonnet-4-5-20250929"),
+        ),
     ]
     .into_iter()
     .map(|spec| spec.behavior(lifelike()))
@@ -45,8 +46,12 @@ fn fleet_specs() -> Vec<EndpointSpec> {
 
 /// A loopback port nothing listens on: the "down" subscription.
 fn closed_port() -> Result<u16, Failure> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Failure::Runtime(e.to_string()))?;
-    let port = listener.local_addr().map_err(|e| Failure::Runtime(e.to_string()))?.port();
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Failure::Runtime(e.to_string()))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| Failure::Runtime(e.to_string()))?
+        .port();
     drop(listener);
     Ok(port)
 }
@@ -55,7 +60,13 @@ fn url(fleet: &Fleet, name: &str) -> String {
     fleet.endpoint(name).map(|e| e.url()).unwrap_or_default()
 }
 
-fn config_yaml(fleet: &Fleet, port: u16, down_port: u16, key_hash: &str, admin_token: &str) -> String {
+fn config_yaml(
+    fleet: &Fleet,
+    port: u16,
+    down_port: u16,
+    key_hash: &str,
+    admin_token: &str,
+) -> String {
     let azure = |name: &str, region: &str, url: &str| {
         format!("  - {{ name: {name}, provider: azure, region: {region}, url: \"{url}\", api_version: 2024-10-21 }}\n")
     };
@@ -69,7 +80,11 @@ fn config_yaml(fleet: &Fleet, port: u16, down_port: u16, key_hash: &str, admin_t
     ] {
         backends.push_str(&azure(name, region, &url(fleet, name)));
     }
-    backends.push_str(&azure("sub4-eastus2-down", "eastus2", &format!("http://127.0.0.1:{down_port}")));
+    backends.push_str(&azure(
+        "sub4-eastus2-down",
+        "eastus2",
+        &format!("http://127.0.0.1:{down_port}"),
+    ));
     let _ = writeln!(
         backends,
         "  - {{ name: anthropic-eu, provider: anthropic, region: europe, url: \"{}\" }}",
@@ -166,12 +181,24 @@ pub async fn run(port: u16) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("cannot start the simulated fleet: {e}")))?;
     let key = new_key();
     let admin_token = new_key();
-    let yaml = config_yaml(&fleet, port, closed_port()?, &sha256_hex(&key), &admin_token);
-    let snapshot = onedoor_config::parse(&yaml, Path::new("<demo>"), &|_| None)
-        .map_err(|p| Failure::Runtime(format!("the embedded demo config is invalid:\n{}", problems_text(&p))))?;
-    let running = onedoor_gateway::start(snapshot)
-        .await
-        .map_err(|e| Failure::Runtime(format!("cannot listen on 127.0.0.1:{port}: {e} (try --port)")))?;
+    let yaml = config_yaml(
+        &fleet,
+        port,
+        closed_port()?,
+        &sha256_hex(&key),
+        &admin_token,
+    );
+    let snapshot = onedoor_config::parse(&yaml, Path::new("<demo>"), &|_| None).map_err(|p| {
+        Failure::Runtime(format!(
+            "the embedded demo config is invalid:\n{}",
+            problems_text(&p)
+        ))
+    })?;
+    let running = onedoor_gateway::start(snapshot).await.map_err(|e| {
+        Failure::Runtime(format!(
+            "cannot listen on 127.0.0.1:{port}: {e} (try --port)"
+        ))
+    })?;
     println!(
         "onedoor demo: the gateway listens on http://{} in front of {} simulated upstreams (and one that is down):",
         running.addr(),

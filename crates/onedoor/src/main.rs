@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "onedoor", version, about = "One door to many model endpoints: an LLM gateway.")]
+#[command(
+    name = "onedoor",
+    version,
+    about = "One door to many model endpoints: an LLM gateway."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -84,7 +88,10 @@ fn init_logs() {
 /// Runs an async command on a multi-threaded runtime; its error is a runtime failure (exit 2)
 /// unless it says it was bad input (exit 1).
 fn run(command: impl std::future::Future<Output = Result<(), Failure>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("onedoor: cannot start the async runtime: {error}");
@@ -110,7 +117,11 @@ pub enum Failure {
 }
 
 fn problems_text(problems: &[onedoor_config::Problem]) -> String {
-    problems.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n")
+    problems
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn validate(config: &std::path::Path) -> ExitCode {
@@ -128,7 +139,8 @@ fn validate(config: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(config: PathBuf) -> Result<(), Failure> {
-    let snapshot = onedoor_config::load(&config).map_err(|p| Failure::BadInput(problems_text(&p)))?;
+    let snapshot =
+        onedoor_config::load(&config).map_err(|p| Failure::BadInput(problems_text(&p)))?;
     let running = onedoor_gateway::start(snapshot)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen: {e}")))?;
@@ -142,7 +154,9 @@ async fn serve(config: PathBuf) -> Result<(), Failure> {
 async fn mock(config: PathBuf) -> Result<(), Failure> {
     let text = std::fs::read_to_string(&config)
         .map_err(|e| Failure::BadInput(format!("cannot read {}: {e}", config.display())))?;
-    let fleet = onedoor_mock::run_from_yaml(&text).await.map_err(Failure::BadInput)?;
+    let fleet = onedoor_mock::run_from_yaml(&text)
+        .await
+        .map_err(Failure::BadInput)?;
     for endpoint in fleet.endpoints() {
         println!("{}\t{}", endpoint.name(), endpoint.url());
     }
@@ -156,13 +170,14 @@ pub async fn stopped() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(_) => {
-                let _ = interrupt.await;
-                return;
-            }
-        };
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = interrupt => {}
             _ = terminate.recv() => {}

@@ -1,5 +1,7 @@
 //! The command line as a user runs it: `validate` on good and bad configs, `keys new`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 fn onedoor() -> Command {
@@ -30,7 +32,11 @@ models:
 #[test]
 fn validate_prints_each_of_five_mistakes_at_its_location() {
     let path = temp_file("five", FIVE_MISTAKES);
-    let output = onedoor().args(["validate", "--config"]).arg(&path).output().unwrap();
+    let output = onedoor()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
@@ -62,7 +68,12 @@ fn validate_summarises_a_good_config_without_its_secrets() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(stdout.contains("sub1-swedencentral-ptu"), "{stdout}");
     assert!(!stdout.contains("secret-value"), "{stdout}");
 }
@@ -72,7 +83,12 @@ fn keys_new_prints_a_key_and_its_sha256() {
     let output = onedoor().args(["keys", "new"]).output().unwrap();
     assert!(output.status.success());
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let key = stdout.lines().next().unwrap().trim_start_matches("key:").trim();
+    let key = stdout
+        .lines()
+        .next()
+        .unwrap()
+        .trim_start_matches("key:")
+        .trim();
     assert!(key.starts_with("od-") && key.len() == 43, "{stdout}");
     assert!(stdout.contains("sha256: "), "{stdout}");
 }

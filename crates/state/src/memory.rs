@@ -19,7 +19,12 @@ impl MemoryState {
     }
 }
 
-fn live(map: &DashMap<(String, String), u64>, backend: &str, deployment: &str, now_ms: u64) -> Option<u64> {
+fn live(
+    map: &DashMap<(String, String), u64>,
+    backend: &str,
+    deployment: &str,
+    now_ms: u64,
+) -> Option<u64> {
     let key = (backend.to_owned(), deployment.to_owned());
     let until = *map.get(&key)?;
     if until > now_ms {
@@ -39,7 +44,9 @@ fn listing(map: &DashMap<(String, String), u64>, now_ms: u64) -> Vec<Entry> {
             until_ms: *e.value(),
         })
         .collect();
-    entries.sort_by(|a, b| (&a.key.backend, &a.key.deployment).cmp(&(&b.key.backend, &b.key.deployment)));
+    entries.sort_by(|a, b| {
+        (&a.key.backend, &a.key.deployment).cmp(&(&b.key.backend, &b.key.deployment))
+    });
     entries
 }
 
@@ -51,15 +58,18 @@ impl State for MemoryState {
         if let Some(until_ms) = live(&self.not_served, backend, deployment, now_ms) {
             return Some(Exclusion::NotServed { until_ms });
         }
-        live(&self.cooldowns, backend, deployment, now_ms).map(|until_ms| Exclusion::CoolingDown { until_ms })
+        live(&self.cooldowns, backend, deployment, now_ms)
+            .map(|until_ms| Exclusion::CoolingDown { until_ms })
     }
 
     fn mark_not_served(&self, key: TargetKey, until_ms: u64) {
-        self.not_served.insert((key.backend, key.deployment), until_ms);
+        self.not_served
+            .insert((key.backend, key.deployment), until_ms);
     }
 
     fn mark_served(&self, key: TargetKey, until_ms: u64) {
-        self.not_served.remove(&(key.backend.clone(), key.deployment.clone()));
+        self.not_served
+            .remove(&(key.backend.clone(), key.deployment.clone()));
         self.served.insert((key.backend, key.deployment), until_ms);
     }
 
@@ -68,7 +78,10 @@ impl State for MemoryState {
     }
 
     fn cool_down(&self, key: TargetKey, until_ms: u64) {
-        let entry = self.cooldowns.entry((key.backend, key.deployment)).or_insert(0);
+        let entry = self
+            .cooldowns
+            .entry((key.backend, key.deployment))
+            .or_insert(0);
         let mut current = entry;
         if *current < until_ms {
             *current = until_ms;
@@ -92,7 +105,10 @@ mod tests {
     fn a_not_served_entry_expires_at_its_deadline() {
         let state = MemoryState::new();
         state.mark_not_served(TargetKey::new("b", "d"), 1_000);
-        assert_eq!(state.exclusion("b", "d", 999), Some(Exclusion::NotServed { until_ms: 1_000 }));
+        assert_eq!(
+            state.exclusion("b", "d", 999),
+            Some(Exclusion::NotServed { until_ms: 1_000 })
+        );
         assert_eq!(state.exclusion("b", "d", 1_000), None);
         assert!(state.not_served(1_000).is_empty());
     }
@@ -102,7 +118,10 @@ mod tests {
         let state = MemoryState::new();
         state.cool_down(TargetKey::new("b", "d"), 2_000);
         state.cool_down(TargetKey::new("b", "d"), 1_500);
-        assert_eq!(state.exclusion("b", "d", 0), Some(Exclusion::CoolingDown { until_ms: 2_000 }));
+        assert_eq!(
+            state.exclusion("b", "d", 0),
+            Some(Exclusion::CoolingDown { until_ms: 2_000 })
+        );
         assert_eq!(state.exclusion("b", "other", 0), None);
     }
 }

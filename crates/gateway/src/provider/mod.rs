@@ -58,9 +58,15 @@ pub fn build(
         Provider::Anthropic => return Err(Unsendable::Unsupported("anthropic")),
     };
     let mut headers = HeaderMap::with_capacity(4);
-    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if request.stream {
-        headers.insert(http::header::ACCEPT, HeaderValue::from_static("text/event-stream"));
+        headers.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        );
     }
     if let Some((name, value)) = credential {
         headers.insert(*name, value.clone());

@@ -1,7 +1,7 @@
 //! The test harness: a simulated fleet, a gateway in front of it on ephemeral ports, and a small
 //! HTTP client, so a failover test reads as a few sentences.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,7 +38,10 @@ pub struct Answer {
 
 impl Answer {
     pub fn header(&self, name: &str) -> &str {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("")
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -51,7 +54,10 @@ impl Answer {
 
     /// The error code of a gateway error answer.
     pub fn code(&self) -> String {
-        self.json()["error"]["code"].as_str().unwrap_or("").to_owned()
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
     }
 }
 
@@ -89,18 +95,30 @@ impl Harness {
         let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let gateway = onedoor_gateway::start_on(snapshot, client_listener, admin_listener);
         let client = Client::builder(TokioExecutor::new()).build_http();
-        Harness { fleet, gateway, client }
+        Harness {
+            fleet,
+            gateway,
+            client,
+        }
     }
 
     pub fn endpoint(&self, name: &str) -> &onedoor_mock::Endpoint {
-        self.fleet.endpoint(name).unwrap_or_else(|| panic!("no endpoint {name}"))
+        self.fleet
+            .endpoint(name)
+            .unwrap_or_else(|| panic!("no endpoint {name}"))
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.gateway.addr(), path)
     }
 
-    pub async fn send(&self, method: Method, url: String, headers: &[(&str, &str)], body: Bytes) -> Answer {
+    pub async fn send(
+        &self,
+        method: Method,
+        url: String,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Answer {
         let mut request = Request::builder().method(method).uri(url);
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -125,7 +143,10 @@ impl Harness {
         self.send(
             Method::POST,
             self.url(path),
-            &[("authorization", &auth), ("content-type", "application/json")],
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
             Bytes::from(body.to_string()),
         )
         .await
@@ -133,12 +154,14 @@ impl Harness {
 
     /// A chat completion on `/v1` for `model`.
     pub async fn chat(&self, model: &str) -> Answer {
-        self.post("/v1/chat/completions", chat_body(model, false)).await
+        self.post("/v1/chat/completions", chat_body(model, false))
+            .await
     }
 
     pub async fn admin_get(&self, path: &str, token: Option<&str>) -> Answer {
         let auth = token.map(|t| format!("Bearer {t}"));
-        let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
         let url = format!("http://{}{}", self.gateway.admin_addr(), path);
         self.send(Method::GET, url, &headers, Bytes::new()).await
     }

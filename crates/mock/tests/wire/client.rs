@@ -20,7 +20,8 @@ pub struct Answer {
 
 impl Answer {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -29,21 +30,39 @@ impl Answer {
 }
 
 /// Sends a request on a fresh client, so no test reuses another's connection.
-pub async fn send(method: Method, url: &str, headers: &[(&str, &str)], body: Option<&Value>) -> Result<Response<Incoming>, Error> {
+pub async fn send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Result<Response<Incoming>, Error> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut request = Request::builder().method(method).uri(url);
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
     let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
-    client.request(request.body(Full::new(bytes)).unwrap()).await
+    client
+        .request(request.body(Full::new(bytes)).unwrap())
+        .await
 }
 
-pub async fn call(method: Method, url: &str, headers: &[(&str, &str)], body: Option<&Value>) -> Answer {
-    let response = send(method, url, headers, body).await.expect("request failed");
+pub async fn call(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Answer {
+    let response = send(method, url, headers, body)
+        .await
+        .expect("request failed");
     let (parts, body) = response.into_parts();
     let body = body.collect().await.expect("body failed").to_bytes();
-    Answer { status: parts.status.as_u16(), headers: parts.headers, body }
+    Answer {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body,
+    }
 }
 
 pub async fn post(url: &str, headers: &[(&str, &str)], body: &Value) -> Answer {
@@ -65,21 +84,33 @@ pub struct Streamed {
 impl Streamed {
     /// The `data:` payloads, in order.
     pub fn data(&self) -> Vec<&str> {
-        self.text.lines().filter_map(|l| l.strip_prefix("data: ")).collect()
+        self.text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect()
     }
 
     pub fn chunks(&self) -> Vec<Value> {
-        self.data().into_iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).unwrap()).collect()
+        self.data()
+            .into_iter()
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
     }
 
     /// The `event:` names, in order.
     pub fn events(&self) -> Vec<&str> {
-        self.text.lines().filter_map(|l| l.strip_prefix("event: ")).collect()
+        self.text
+            .lines()
+            .filter_map(|l| l.strip_prefix("event: "))
+            .collect()
     }
 }
 
 pub async fn post_stream(url: &str, headers: &[(&str, &str)], body: &Value) -> Streamed {
-    let response = send(Method::POST, url, headers, Some(body)).await.expect("request failed");
+    let response = send(Method::POST, url, headers, Some(body))
+        .await
+        .expect("request failed");
     let (parts, mut body) = response.into_parts();
     let mut text = String::new();
     let clean_end = loop {
@@ -93,7 +124,12 @@ pub async fn post_stream(url: &str, headers: &[(&str, &str)], body: &Value) -> S
             }
         }
     };
-    Streamed { status: parts.status.as_u16(), headers: parts.headers, text, clean_end }
+    Streamed {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        text,
+        clean_end,
+    }
 }
 
 /// Waits until `probe` holds, for things the server does after the client has moved on.
