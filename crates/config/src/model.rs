@@ -188,13 +188,13 @@ pub enum FailureKind {
     Timeout,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum FailureThreshold {
     Count(u32),
     Percent { percent: f64, min_requests: u32 },
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BreakerRule {
     pub name: String,
     pub threshold: FailureThreshold,
@@ -204,7 +204,7 @@ pub struct BreakerRule {
     pub accept_retry_after: bool,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct BreakerPolicy {
     pub name: String,
     pub rules: Vec<BreakerRule>,

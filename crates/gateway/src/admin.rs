@@ -1,9 +1,8 @@
 //! The admin API on its own port, behind the admin bearer token: backends with their learned
-//! state (not-served deployments, cooldowns).
+//! state (not-served deployments, cooldowns, drained, health), drains and config reloads.
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -12,10 +11,11 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::presented_key;
 use crate::body::{full, Body};
+use crate::reload::{Live, ReloadError};
 use crate::runtime::Runtime;
 
-pub async fn handle(runtime: Arc<ArcSwap<Runtime>>, request: Request<Incoming>) -> Response<Body> {
-    let runtime = runtime.load_full();
+pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Body> {
+    let runtime = live.current();
     let path = request.uri().path();
     if path == "/healthz" {
         return answer(StatusCode::OK, r#"{"status":"ok"}"#.into());
@@ -28,6 +28,8 @@ pub async fn handle(runtime: Arc<ArcSwap<Runtime>>, request: Request<Incoming>) 
     }
     match (request.method().as_str(), path) {
         ("GET", "/admin/backends") => answer(StatusCode::OK, backends(&runtime).to_string()),
+        ("POST", "/admin/reload") => reload(&live).await,
+        ("POST", p) if p.ends_with("/drain") || p.ends_with("/undrain") => drain(&runtime, p),
         _ => answer(
             StatusCode::NOT_FOUND,
             r#"{"error":{"message":"no such admin endpoint","type":"invalid_request_error","param":null,"code":"invalid_request"}}"#.into(),
@@ -70,16 +72,107 @@ fn backends(runtime: &Runtime) -> serde_json::Value {
         .snapshot
         .backends
         .iter()
-        .map(|b| {
+        .enumerate()
+        .map(|(i, b)| {
+            let load = runtime.load(i).map(|l| l.view(&b.limits, now));
+            let flags = runtime.fleet.get(i);
             serde_json::json!({
                 "name": b.name,
+                "load": load,
                 "provider": b.provider.as_str(),
                 "region": b.region,
                 "url": b.url,
                 "not_served": entries(&not_served, &b.name),
                 "cooling_down": entries(&cooldowns, &b.name),
+                "drained": flags.is_some_and(|f| f.drained()),
+                "healthy": flags.is_none_or(|f| f.healthy()),
+                "last_check": flags.and_then(|f| f.last_check()).map(|c| c.view(now)),
+                "breaker": breaker(runtime, i, now),
             })
         })
         .collect();
     serde_json::json!({ "backends": list })
+}
+
+/// A backend's circuit breaker; one without `circuit_breaker:` is always closed.
+fn breaker(runtime: &Runtime, backend: usize, now: u64) -> serde_json::Value {
+    match runtime.breakers.view(backend, now) {
+        Some(view) => serde_json::json!({
+            "state": view.state.as_str(),
+            "policy": view.policy,
+            "next_probe_in_ms": view.next_probe_in_ms,
+            "trips": view.trips,
+        }),
+        None => serde_json::json!({"state": "closed", "policy": null, "next_probe_in_ms": null, "trips": 0}),
+    }
+}
+
+/// `POST /admin/backends/{name}/drain` or `/undrain`: in or out of rotation; requests already
+/// under way finish.
+fn drain(runtime: &Runtime, path: &str) -> Response<Body> {
+    let target = path.strip_prefix("/admin/backends/").and_then(|rest| {
+        rest.strip_suffix("/undrain")
+            .map(|name| (name, false))
+            .or_else(|| rest.strip_suffix("/drain").map(|name| (name, true)))
+    });
+    let Some((name, drained)) = target else {
+        return not_found("no such admin endpoint".into());
+    };
+    let flags = runtime
+        .snapshot
+        .backend_by_name
+        .get(name)
+        .and_then(|&id| runtime.fleet.get(id));
+    let Some(flags) = flags else {
+        return not_found(format!(
+            "no backend named `{name}`; GET /admin/backends lists them"
+        ));
+    };
+    flags.set_drained(drained);
+    tracing::info!(
+        backend = name,
+        drained,
+        "drain changed through the admin API"
+    );
+    let body = serde_json::json!({"backend": name, "drained": drained});
+    answer(StatusCode::OK, body.to_string())
+}
+
+fn not_found(message: String) -> Response<Body> {
+    let body = serde_json::json!({"error": {"message": message, "type": "not_found_error", "param": null, "code": "not_found"}});
+    answer(StatusCode::NOT_FOUND, body.to_string())
+}
+
+/// `POST /admin/reload`: 200 with what now runs, or 400 with every located problem.
+async fn reload(live: &Live) -> Response<Body> {
+    let (status, body) = match live.reload().await {
+        Ok(summary) => (
+            StatusCode::OK,
+            serde_json::json!({
+                "status": "reloaded",
+                "summary": summary.text,
+                "backends": summary.backends,
+                "aliases": summary.aliases,
+                "tenants": summary.tenants,
+                "needs_restart": summary.needs_restart,
+            }),
+        ),
+        Err(error) => {
+            let problems: Vec<String> = match &error {
+                ReloadError::Invalid(problems) => {
+                    problems.iter().map(ToString::to_string).collect()
+                }
+                ReloadError::NoSource => Vec::new(),
+            };
+            let status = match error {
+                ReloadError::Invalid(_) => StatusCode::BAD_REQUEST,
+                ReloadError::NoSource => StatusCode::CONFLICT,
+            };
+            (
+                status,
+                serde_json::json!({"error": error.to_string(), "problems": problems}),
+            )
+        }
+    };
+    answer(status, body.to_string())
 }

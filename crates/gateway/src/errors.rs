@@ -34,6 +34,11 @@ pub enum GatewayError {
     },
     #[error("every attempt to reach a backend for `{0}` failed; x-onedoor-attempts says how")]
     UpstreamFailed(String),
+    #[error("every backend that serves `{alias}` is behind an open circuit breaker; retry after {retry_after:?}")]
+    CircuitOpen {
+        alias: String,
+        retry_after: Duration,
+    },
     #[error("{0}")]
     NoBackendAvailable(String),
     #[error("attempts for `{0}` ran out of time; x-onedoor-attempts says how")]
@@ -51,7 +56,9 @@ impl GatewayError {
             GatewayError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
-            GatewayError::NoBackendAvailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::CircuitOpen { .. } | GatewayError::NoBackendAvailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -68,6 +75,7 @@ impl GatewayError {
             GatewayError::RequestTooLarge { .. } => "request_too_large",
             GatewayError::UpstreamRateLimited { .. } => "upstream_rate_limited",
             GatewayError::UpstreamFailed(_) => "upstream_failed",
+            GatewayError::CircuitOpen { .. } => "circuit_open",
             GatewayError::NoBackendAvailable(_) => "no_backend_available",
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
         }
@@ -87,7 +95,8 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            GatewayError::UpstreamRateLimited { retry_after, .. } => Some(*retry_after),
+            GatewayError::UpstreamRateLimited { retry_after, .. }
+            | GatewayError::CircuitOpen { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }

@@ -1,7 +1,7 @@
 //! The attempt loop (contract section 2.1, rule 3): after a failed attempt the next target at
 //! once, a second try on the same target only under the same-target rule, bounded by
 //! `routing.max_attempts` and the total timeout. Learns into the state as it goes: 404s into the
-//! not-served cache, 429s into cooldowns.
+//! not-served cache, 429s into cooldowns, every outcome into its backend's circuit breaker.
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,9 +10,11 @@ use onedoor_config::Snapshot;
 use onedoor_state::{now_ms, TargetKey};
 use tokio::time::Instant;
 
+use crate::breaker::{Admission, Observed, ProbePermit};
 use crate::errors::GatewayError;
+use crate::fleet;
 use crate::outcome::{verdict, Verdict};
-use crate::router::{Candidate, Excluded, Plan};
+use crate::router::{Candidate, Excluded, Fitness, Plan};
 use crate::runtime::Runtime;
 use crate::upstream::Failure;
 
@@ -72,6 +74,13 @@ pub struct Failover<'a> {
     verdicts: Vec<Verdict>,
     cooled_until_ms: Vec<u64>,
     context_fallback: Option<(usize, Failure)>,
+    /// The request's token estimate, for headroom.
+    tokens: u64,
+    /// Regions of failed attempts: a retry prefers another one.
+    tried_regions: Vec<String>,
+    /// Probes of half-open breakers this request got and has not sent yet; dropped with the
+    /// request, they free the probe for the next one.
+    probes: Vec<ProbePermit>,
 }
 
 impl<'a> Failover<'a> {
@@ -81,6 +90,7 @@ impl<'a> Failover<'a> {
         alias_index: Option<usize>,
         plan: Plan,
         deadline: Instant,
+        tokens: u64,
     ) -> Self {
         let n = plan.candidates.len();
         Failover {
@@ -94,6 +104,24 @@ impl<'a> Failover<'a> {
             verdicts: Vec::new(),
             cooled_until_ms: Vec::new(),
             context_fallback: None,
+            tokens,
+            tried_regions: Vec::new(),
+            probes: Vec::new(),
+        }
+    }
+
+    /// Headroom, ramp-up share and region freshness of a candidate, for the router's choice.
+    fn fitness(&self, candidate: &Candidate) -> Fitness {
+        let now = now_ms();
+        let backend = self.snapshot().backends.get(candidate.backend);
+        let load = self.runtime.load(candidate.backend);
+        let (Some(backend), Some(load)) = (backend, load) else {
+            return Fitness::default();
+        };
+        Fitness {
+            headroom: load.fits(&backend.limits, self.tokens, now),
+            share: load.share(now),
+            fresh_region: !self.tried_regions.iter().any(|r| *r == backend.region),
         }
     }
 
@@ -136,16 +164,21 @@ impl<'a> Failover<'a> {
                 break;
             }
             let open: Vec<bool> = self.standing.iter().map(|s| *s == Standing::Open).collect();
+            let turn = self.runtime.turn(self.alias_index);
             let Some(i) = again
                 .take()
-                .or_else(|| self.plan.choose(&open, self.runtime.turn(self.alias_index)))
+                .or_else(|| self.plan.choose(&open, turn, |c| self.fitness(c)))
             else {
                 break;
             };
+            if !self.admitted(i) {
+                continue;
+            }
             let candidate = self.plan.candidates[i].clone();
             let backend = self.backend_name(&candidate).to_owned();
             match attempt(candidate.clone()).await {
                 Ok(value) => {
+                    self.observe(i, Observed::Success);
                     trail.push(&backend, "200".into());
                     if candidate.discovery {
                         let until =
@@ -155,6 +188,7 @@ impl<'a> Failover<'a> {
                     return Ok((candidate, value));
                 }
                 Err(failure) => {
+                    self.observe(i, Observed::of(&failure));
                     trail.push(&backend, failure.label());
                     tracing::debug!(%backend, outcome = %failure.label(), detail = failure.detail(), "attempt failed");
                     let next = self.settle(i, failure).await;
@@ -176,10 +210,46 @@ impl<'a> Failover<'a> {
         Err(self.ending(trail, out_of_time))
     }
 
+    /// Whether the breaker of candidate `i`'s backend lets an attempt go now. It may have opened
+    /// since the plan was made, or another request may hold its probe: then the candidate is
+    /// left out as if the plan had excluded it.
+    fn admitted(&mut self, i: usize) -> bool {
+        let backend = self.plan.candidates[i].backend;
+        if self.probes.iter().any(|p| p.backend() == backend) {
+            return true;
+        }
+        match self.runtime.breakers.admit(backend, now_ms()) {
+            Admission::Closed => true,
+            Admission::Probe(permit) => {
+                self.probes.push(permit);
+                true
+            }
+            Admission::Open { until_ms } => {
+                self.standing[i] = Standing::Spent;
+                let candidate = self.plan.candidates[i].clone();
+                self.plan
+                    .excluded
+                    .push((candidate, Excluded::BreakerOpen { until_ms }));
+                false
+            }
+        }
+    }
+
+    /// Tells the breaker of candidate `i`'s backend how its attempt went; a probe settles its permit.
+    fn observe(&mut self, i: usize, outcome: Observed) {
+        let backend = self.plan.candidates[i].backend;
+        let now = now_ms();
+        match self.probes.iter().position(|p| p.backend() == backend) {
+            Some(k) => self.probes.swap_remove(k).settle(&outcome, now),
+            None => self.runtime.breakers.record(backend, &outcome, now),
+        }
+    }
+
     /// Applies rule 3 to one failed attempt and says what comes next.
     async fn settle(&mut self, i: usize, failure: Failure) -> Next {
         let verdict = verdict(&failure);
         self.verdicts.push(verdict);
+        self.note_failure(i, verdict);
         let routing = &self.runtime.snapshot.routing;
         let alone = self.plan.group_size(self.plan.candidates[i].priority) == 1;
         let may_retry = alone && self.retries[i] < routing.same_target_retries;
@@ -232,6 +302,27 @@ impl<'a> Failover<'a> {
         Next::Move
     }
 
+    /// A failure that says the backend is struggling counts toward its ramp-up and sends the next
+    /// attempt to another region when there is one.
+    fn note_failure(&mut self, i: usize, verdict: Verdict) {
+        let struggling = matches!(
+            verdict,
+            Verdict::Transient | Verdict::Throttled(_) | Verdict::TimedOut | Verdict::CredentialRejected
+        );
+        if !struggling {
+            return;
+        }
+        let backend = self.plan.candidates[i].backend;
+        if let Some(load) = self.runtime.load(backend) {
+            load.failed();
+        }
+        if let Some(region) = self.snapshot().backends.get(backend).map(|b| b.region.clone()) {
+            if !self.tried_regions.contains(&region) {
+                self.tried_regions.push(region);
+            }
+        }
+    }
+
     /// The answer when no attempt succeeded.
     fn ending(mut self, trail: &Trail, out_of_time: bool) -> Ending {
         if let Some((backend, failure)) = self.context_fallback.take() {
@@ -268,14 +359,16 @@ impl<'a> Failover<'a> {
         Ending::Error(error)
     }
 
-    /// The wait until the soonest cooling target frees up.
+    /// The wait until the soonest cooling target frees up or open breaker half-opens.
     fn soonest_free(&self) -> Duration {
         let excluded = self
             .plan
             .excluded
             .iter()
             .filter_map(|(_, reason)| match reason {
-                Excluded::CoolingDown { until_ms } => Some(*until_ms),
+                Excluded::CoolingDown { until_ms } | Excluded::BreakerOpen { until_ms } => {
+                    Some(*until_ms)
+                }
                 _ => None,
             });
         let soonest = excluded.chain(self.cooled_until_ms.iter().copied()).min();
@@ -301,12 +394,24 @@ impl<'a> Failover<'a> {
                 retry_after: self.soonest_free(),
             };
         }
+        // Of the remaining reasons only an open breaker passes soon.
+        if reasons
+            .iter()
+            .any(|r| matches!(r, Excluded::BreakerOpen { .. }))
+        {
+            return GatewayError::CircuitOpen {
+                alias,
+                retry_after: self.soonest_free(),
+            };
+        }
         let message = if !reasons.is_empty() && reasons.iter().all(|r| *r == Excluded::Region) {
             format!("no backend in the regions this key may use serves `{alias}`")
         } else if !reasons.is_empty() && reasons.iter().all(|r| *r == Excluded::Unsupported) {
             format!("the backends of `{alias}` use a provider that cannot serve this operation yet")
+        } else if let Some(message) = fleet::out_of_rotation(&alias, &reasons) {
+            message
         } else {
-            format!("`{alias}` is not served by any of its backends (each answered that it lacks the deployment, or is outside the regions this key may use)")
+            format!("`{alias}` is not served by any of its backends (each answered that it lacks the deployment, is drained or failing its health check, or is outside the regions this key may use)")
         };
         GatewayError::NoBackendAvailable(message)
     }

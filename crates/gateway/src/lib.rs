@@ -3,13 +3,19 @@
 //! state behind the `onedoor_state::State` trait.
 
 mod admin;
+mod attempt;
 mod auth;
 pub mod body;
+mod breaker;
 mod errors;
 mod failover;
+mod fleet;
+mod headroom;
+mod health;
 mod outcome;
 mod pipeline;
 mod provider;
+mod reload;
 mod request;
 mod router;
 mod runtime;
@@ -19,23 +25,37 @@ mod surface;
 mod upstream;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-use onedoor_config::Snapshot;
+use onedoor_config::{Problem, Snapshot};
 use onedoor_state::MemoryState;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::reload::Live;
 use crate::runtime::Runtime;
 
-/// A running gateway: its bound addresses and the handle that stops it.
+pub use crate::reload::{ReloadError, Summary};
+pub use crate::server::SHUTDOWN_GRACE;
+
+/// A running gateway: its bound addresses, and the handles that reload and stop it.
 pub struct Running {
     addr: SocketAddr,
     admin_addr: SocketAddr,
+    live: Arc<Live>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+/// Why a gateway did not start from its config file.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("the config file has {} problem(s)", .0.len())]
+    Config(Vec<Problem>),
+    #[error("cannot listen: {0}")]
+    Listen(#[from] std::io::Error),
 }
 
 impl Running {
@@ -48,51 +68,110 @@ impl Running {
         self.admin_addr
     }
 
-    /// Stops accepting, lets in-flight requests finish, and returns when both listeners are done.
+    /// Re-reads the config file (what `POST /admin/reload` and SIGHUP do): a valid one serves
+    /// new requests at once, an invalid one is refused and the running config stays.
+    pub async fn reload(&self) -> Result<Summary, ReloadError> {
+        self.live.reload().await
+    }
+
+    /// Stops accepting at once, lets requests under way (open streams included) finish for up to
+    /// [`SHUTDOWN_GRACE`], stops the health probes and the file watch, and returns when all is done.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             let _ = task.await;
         }
+        self.live.stop().await;
     }
 }
 
-/// Binds the snapshot's `listen` and `admin.listen` addresses and starts serving.
+/// Binds the snapshot's `listen` and `admin.listen` addresses and starts serving. Reloads are
+/// refused: there is no file to re-read (see [`start_from_file`]).
 pub async fn start(snapshot: Snapshot) -> std::io::Result<Running> {
-    let client = TcpListener::bind(snapshot.listen).await?;
-    let admin = TcpListener::bind(snapshot.admin.listen).await?;
+    let (client, admin) = bind(&snapshot).await?;
     Ok(start_on(snapshot, client, admin))
 }
 
-/// Starts serving on listeners the caller bound (tests bind port 0).
+/// Starts serving on listeners the caller bound (tests bind port 0), without a file to reload.
 pub fn start_on(snapshot: Snapshot, client: TcpListener, admin: TcpListener) -> Running {
+    launch(snapshot, client, admin, None)
+}
+
+/// Loads the config file at `path`, binds its addresses and starts serving. Reloads re-read
+/// `path`, and a change of its content is picked up within about a second.
+pub async fn start_from_file(path: &Path) -> Result<Running, StartError> {
+    let seen = reload::fingerprint(path);
+    let snapshot = onedoor_config::load(path).map_err(StartError::Config)?;
+    let (client, admin) = bind(&snapshot).await?;
+    let source = Source {
+        path: path.to_path_buf(),
+        seen,
+    };
+    Ok(launch(snapshot, client, admin, Some(source)))
+}
+
+/// [`start_on`] for a snapshot loaded from a file: reloads re-read `snapshot.source`, which is
+/// also watched for changes (from its content at this call).
+pub fn start_on_file(snapshot: Snapshot, client: TcpListener, admin: TcpListener) -> Running {
+    let source = Source {
+        seen: reload::fingerprint(&snapshot.source),
+        path: snapshot.source.clone(),
+    };
+    launch(snapshot, client, admin, Some(source))
+}
+
+/// The config file a gateway reloads from, and the digest of its content when it was read.
+struct Source {
+    path: PathBuf,
+    seen: Option<[u8; 32]>,
+}
+
+async fn bind(snapshot: &Snapshot) -> std::io::Result<(TcpListener, TcpListener)> {
+    let client = TcpListener::bind(snapshot.listen).await?;
+    let admin = TcpListener::bind(snapshot.admin.listen).await?;
+    Ok((client, admin))
+}
+
+fn launch(
+    snapshot: Snapshot,
+    client: TcpListener,
+    admin: TcpListener,
+    source: Option<Source>,
+) -> Running {
     let state = Arc::new(MemoryState::new());
-    let runtime = Arc::new(ArcSwap::from_pointee(Runtime::new(
-        Arc::new(snapshot),
-        state,
-    )));
     let (shutdown, watcher) = watch::channel(false);
-    let addr = client
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let admin_addr = admin
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let for_clients = runtime.clone();
+    let runtime = Runtime::new(Arc::new(snapshot), state);
+    let seen = source.as_ref().map(|s| s.seen);
+    let live = Arc::new(Live::new(runtime, source.map(|s| s.path), watcher.clone()));
+    let addr = local_addr(&client);
+    let admin_addr = local_addr(&admin);
+    let for_clients = live.clone();
     let clients = tokio::spawn(server::serve(
         client,
-        move |request| pipeline::handle(for_clients.load_full(), request),
+        move |request| pipeline::handle(for_clients.current(), request),
         watcher.clone(),
     ));
+    let for_admins = live.clone();
     let admins = tokio::spawn(server::serve(
         admin,
-        move |request| admin::handle(runtime.clone(), request),
-        watcher,
+        move |request| admin::handle(for_admins.clone(), request),
+        watcher.clone(),
     ));
+    let mut tasks = vec![clients, admins];
+    if let Some(seen) = seen {
+        tasks.push(tokio::spawn(reload::watch_file(live.clone(), seen, watcher)));
+    }
     Running {
         addr,
         admin_addr,
+        live,
         shutdown,
-        tasks: vec![clients, admins],
+        tasks,
     }
+}
+
+fn local_addr(listener: &TcpListener) -> SocketAddr {
+    listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)))
 }

@@ -8,20 +8,18 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use onedoor_config::{Alias, Snapshot, Tenant};
-use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::attempt::{measured_tokens, Answer, Continuation, Dispatch};
 use crate::auth::{self, Caller};
 use crate::body::{full, Body};
 use crate::errors::GatewayError;
 use crate::failover::{Ending, Failover, Trail};
-use crate::provider;
 use crate::request::{ClientRequest, Operation};
 use crate::router::{self, Candidate};
 use crate::runtime::Runtime;
-use crate::stream::{Relay, StreamRules};
 use crate::surface::{self, AliasSource, Dialect, Route};
-use crate::upstream::{self, Failure};
+use crate::upstream::Failure;
 
 /// What the gateway learned about one request while serving it.
 #[derive(Default)]
@@ -69,7 +67,7 @@ fn request_id() -> String {
 }
 
 async fn serve(
-    runtime: &Runtime,
+    runtime: &Arc<Runtime>,
     request: Request<Incoming>,
     exchange: &mut Exchange,
 ) -> Result<Response<Body>, GatewayError> {
@@ -148,29 +146,17 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Gate
     }
 }
 
-/// A successful attempt's answer, ready to be sent.
-enum Answer {
-    Whole {
-        status: StatusCode,
-        content_type: Option<HeaderValue>,
-        body: Bytes,
-    },
-    Stream(Relay),
-}
-
 /// One model call on its way through the router.
 struct Call<'a> {
-    runtime: &'a Runtime,
+    dispatch: Dispatch,
     caller: Caller<'a>,
-    operation: Operation,
-    dialect: Dialect,
     name: String,
     request: ClientRequest,
 }
 
 impl<'a> Call<'a> {
     fn new(
-        runtime: &'a Runtime,
+        runtime: &Arc<Runtime>,
         caller: Caller<'a>,
         operation: Operation,
         dialect: Dialect,
@@ -184,35 +170,52 @@ impl<'a> Call<'a> {
                 GatewayError::InvalidRequest("missing required field `model`".into())
             })?,
         };
-        Ok(Call {
-            runtime,
-            caller,
+        let dispatch = Dispatch {
+            runtime: runtime.clone(),
             operation,
             dialect,
+            continues_cut_streams: false,
+        };
+        Ok(Call {
+            dispatch,
+            caller,
             name,
             request,
         })
     }
 
-    async fn run(self, exchange: &mut Exchange) -> Result<Response<Body>, GatewayError> {
-        let snapshot = &self.runtime.snapshot;
+    async fn run(mut self, exchange: &mut Exchange) -> Result<Response<Body>, GatewayError> {
+        let runtime = self.dispatch.runtime.clone();
+        let snapshot = &runtime.snapshot;
         exchange.alias = Some(self.name.clone());
         let (alias, alias_index) = resolve(snapshot, &self.name, self.caller.tenant)?;
-        let plan = router::plan(
-            self.runtime,
-            alias,
-            &self.name,
-            self.caller.tenant,
-            self.operation,
-        );
+        let operation = self.dispatch.operation;
+        let plan = router::plan(&runtime, alias, &self.name, self.caller.tenant, operation);
+        self.dispatch.continues_cut_streams = alias.continue_cut_streams && self.request.stream;
+        let fallbacks: Vec<Candidate> = match self.dispatch.continues_cut_streams {
+            true => plan.candidates.iter().filter(|c| c.accepts_prefill).cloned().collect(),
+            false => Vec::new(),
+        };
         let deadline = Instant::now() + snapshot.routing.timeouts.total;
-        let failover = Failover::new(self.runtime, &self.name, alias_index, plan, deadline);
+        let tokens = self.request.estimated_tokens(operation);
+        let failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
+        let (dispatch, request) = (&self.dispatch, &self.request);
         let outcome = failover
-            .run(&mut exchange.trail, |candidate| {
-                self.attempt(candidate, deadline)
+            .run(&mut exchange.trail, |candidate| async move {
+                dispatch.attempt(request, &candidate, deadline, None).await
             })
             .await;
         match outcome {
+            Ok((candidate, Answer::Stream(relay))) if self.dispatch.continues_cut_streams => {
+                exchange.backend = Some(candidate.backend);
+                let continuation = Continuation {
+                    dispatch: self.dispatch.clone(),
+                    request: self.request.clone(),
+                    fallbacks: fallbacks.into_iter().filter(|c| !c.same_target(&candidate)).collect(),
+                    deadline,
+                };
+                Ok(stream_response(relay.continued_by(Box::new(continuation)).into_body()))
+            }
             Ok((candidate, answer)) => {
                 exchange.backend = Some(candidate.backend);
                 Ok(respond(answer))
@@ -223,64 +226,6 @@ impl<'a> Call<'a> {
                 Ok(passthrough(failure))
             }
         }
-    }
-
-    /// One attempt on one candidate: send, then read a whole answer or open the stream up to its
-    /// first content event.
-    async fn attempt(&self, candidate: Candidate, deadline: Instant) -> Result<Answer, Failure> {
-        let snapshot = &self.runtime.snapshot;
-        let backend = snapshot
-            .backends
-            .get(candidate.backend)
-            .ok_or_else(|| Failure::ConnectError("unknown backend".into()))?;
-        let credential = self
-            .runtime
-            .credentials
-            .get(candidate.backend)
-            .and_then(Option::as_ref);
-        let wire = provider::build(
-            backend,
-            credential,
-            &candidate.deployment,
-            self.operation,
-            &self.request,
-        )
-        .map_err(|e| Failure::ConnectError(e.to_string()))?;
-        let client = self
-            .runtime
-            .clients
-            .get(candidate.backend)
-            .ok_or_else(|| Failure::ConnectError("no client for backend".into()))?;
-        let now = Instant::now();
-        let deadline = deadline.min(now + backend.timeouts.total);
-        let first_token_by = now + backend.timeouts.first_token;
-        let response = upstream::send(client, wire, first_token_by, deadline).await?;
-        let status = response.status();
-        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let is_stream = content_type
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if self.request.stream && is_stream {
-            let rules = StreamRules {
-                idle: backend.timeouts.idle,
-                deadline,
-                drop_filter_chunks: self.dialect == Dialect::OpenAi,
-            };
-            return Relay::open(response.into_body(), rules, first_token_by)
-                .await
-                .map(Answer::Stream);
-        }
-        let body = match tokio::time::timeout_at(deadline, response.into_body().collect()).await {
-            Err(_) => return Err(Failure::Timeout),
-            Ok(Err(error)) => return Err(Failure::Reset(error.to_string())),
-            Ok(Ok(collected)) => collected.to_bytes(),
-        };
-        Ok(Answer::Whole {
-            status,
-            content_type,
-            body,
-        })
     }
 }
 
@@ -306,12 +251,6 @@ fn resolve<'s>(
     }
 }
 
-#[derive(Deserialize)]
-struct UsageProbe {
-    #[serde(default)]
-    usage: Option<serde::de::IgnoredAny>,
-}
-
 fn respond(answer: Answer) -> Response<Body> {
     match answer {
         Answer::Whole {
@@ -319,8 +258,7 @@ fn respond(answer: Answer) -> Response<Body> {
             content_type,
             body,
         } => {
-            let measured =
-                serde_json::from_slice::<UsageProbe>(&body).is_ok_and(|p| p.usage.is_some());
+            let measured = measured_tokens(&body).is_some();
             let mut response = Response::new(full(body));
             *response.status_mut() = status;
             let headers = response.headers_mut();
@@ -332,18 +270,18 @@ fn respond(answer: Answer) -> Response<Body> {
             }
             response
         }
-        Answer::Stream(relay) => {
-            let mut response = Response::new(relay.into_body());
-            let headers = response.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-            response
-        }
+        Answer::Stream(relay) => stream_response(relay.into_body()),
     }
+}
+
+/// The response head of an SSE stream to the caller.
+fn stream_response(body: Body) -> Response<Body> {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 /// An upstream's own client error, as it came (status, content type and body).

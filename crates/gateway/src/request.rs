@@ -27,13 +27,19 @@ impl Operation {
     }
 }
 
+#[derive(Clone)]
 pub struct ClientRequest {
     /// The body as it came.
     pub raw: Bytes,
     fields: Vec<(String, Box<RawValue>)>,
     pub model: Option<String>,
     pub stream: bool,
+    /// `max_completion_tokens`, else `max_tokens`.
+    pub max_tokens: Option<u64>,
 }
+
+/// Completion tokens assumed for a request that sets no `max_tokens`.
+const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
 
 struct Fields(Vec<(String, Box<RawValue>)>);
 
@@ -70,16 +76,30 @@ impl ClientRequest {
             fields,
             model: None,
             stream: false,
+            max_tokens: None,
         };
         request.model = request.typed::<String>("model", "a string")?;
         request.stream = request
             .typed::<bool>("stream", "a boolean")?
             .unwrap_or(false);
+        let completion = request.typed::<u64>("max_completion_tokens", "a non-negative integer")?;
+        let legacy = request.typed::<u64>("max_tokens", "a non-negative integer")?;
+        request.max_tokens = completion.or(legacy);
         match operation {
             Operation::ChatCompletions => request.require_array("messages")?,
             Operation::Embeddings => request.require_present("input")?,
         }
         Ok(request)
+    }
+
+    /// A rough token estimate (about four bytes a token, plus the completion budget) for headroom
+    /// routing; exact counting comes with tenant limits.
+    pub fn estimated_tokens(&self, operation: Operation) -> u64 {
+        let prompt = (self.raw.len() as u64).div_ceil(4);
+        match operation {
+            Operation::ChatCompletions => prompt + self.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE),
+            Operation::Embeddings => prompt,
+        }
     }
 
     fn field(&self, name: &str) -> Option<&RawValue> {
@@ -126,32 +146,65 @@ impl ClientRequest {
     /// The body to send upstream with `model` set to `model`; the other fields are copied as the
     /// client wrote them.
     pub fn with_model(&self, model: &str) -> Bytes {
-        let mut out = Vec::with_capacity(self.raw.len() + model.len() + 16);
-        out.push(b'{');
-        let mut wrote_model = false;
-        for (i, (key, value)) in self.fields.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            push_json_string(&mut out, key);
-            out.push(b':');
-            if key == "model" {
-                push_json_string(&mut out, model);
-                wrote_model = true;
-            } else {
-                out.extend_from_slice(value.get().as_bytes());
-            }
-        }
-        if !wrote_model {
-            if !self.fields.is_empty() {
-                out.push(b',');
-            }
-            out.extend_from_slice(b"\"model\":");
-            push_json_string(&mut out, model);
-        }
-        out.push(b'}');
-        Bytes::from(out)
+        let mut model_json = Vec::with_capacity(model.len() + 2);
+        push_json_string(&mut model_json, model);
+        let model_json = String::from_utf8_lossy(&model_json);
+        serialize(&self.fields, Some(("model", &model_json)))
     }
+
+    /// The same request with `text` appended as a final assistant message, so a target that
+    /// accepts prefill continues from it. `None` when the messages cannot be rebuilt.
+    pub fn with_prefill(&self, text: &str) -> Option<ClientRequest> {
+        let messages = self.field("messages")?;
+        let mut list: Vec<Box<RawValue>> = serde_json::from_str(messages.get()).ok()?;
+        let prefill = serde_json::json!({"role": "assistant", "content": text});
+        list.push(RawValue::from_string(prefill.to_string()).ok()?);
+        let messages = RawValue::from_string(serde_json::to_string(&list).ok()?).ok()?;
+        let fields: Vec<(String, Box<RawValue>)> = self
+            .fields
+            .iter()
+            .map(|(k, v)| (k.clone(), if k == "messages" { messages.clone() } else { v.clone() }))
+            .collect();
+        Some(ClientRequest {
+            raw: serialize(&fields, None),
+            fields,
+            model: self.model.clone(),
+            stream: self.stream,
+            max_tokens: self.max_tokens,
+        })
+    }
+}
+
+/// A JSON object from raw fields, with one field's value replaced (or added) when asked.
+fn serialize(fields: &[(String, Box<RawValue>)], replace: Option<(&str, &str)>) -> Bytes {
+    let extra = replace.map_or(0, |(k, v)| k.len() + v.len() + 4);
+    let mut out = Vec::with_capacity(fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + extra + 2);
+    out.push(b'{');
+    let mut replaced = false;
+    for (i, (key, value)) in fields.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        push_json_string(&mut out, key);
+        out.push(b':');
+        match replace {
+            Some((name, new)) if name == key => {
+                out.extend_from_slice(new.as_bytes());
+                replaced = true;
+            }
+            _ => out.extend_from_slice(value.get().as_bytes()),
+        }
+    }
+    if let (Some((name, new)), false) = (replace, replaced) {
+        if !fields.is_empty() {
+            out.push(b',');
+        }
+        push_json_string(&mut out, name);
+        out.push(b':');
+        out.extend_from_slice(new.as_bytes());
+    }
+    out.push(b'}');
+    Bytes::from(out)
 }
 
 fn push_json_string(out: &mut Vec<u8>, s: &str) {
@@ -178,6 +231,17 @@ mod tests {
             std::str::from_utf8(&out).unwrap(),
             r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi \u00e9"}],"stream":true}"#
         );
+    }
+
+    #[test]
+    fn a_prefill_is_appended_as_the_last_assistant_message() {
+        let req = parse(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#).unwrap();
+        let continued = req.with_prefill("Hello \"there\"").unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&continued.raw).unwrap();
+        assert_eq!(body["messages"][1]["role"], "assistant");
+        assert_eq!(body["messages"][1]["content"], "Hello \"there\"");
+        assert_eq!(body["stream"], true);
+        assert_eq!(continued.with_model("x").len(), continued.raw.len());
     }
 
     #[test]

@@ -8,8 +8,11 @@ use http::HeaderValue;
 use onedoor_config::Snapshot;
 use onedoor_state::State;
 
+use crate::breaker::Breakers;
+use crate::fleet::Fleet;
+use crate::headroom::Load;
 use crate::provider;
-use crate::upstream::{client_for, UpstreamClient};
+use crate::upstream::{client_fits, client_for, UpstreamClient};
 
 pub struct Runtime {
     pub snapshot: Arc<Snapshot>,
@@ -18,6 +21,12 @@ pub struct Runtime {
     /// One counter per alias (same index as `snapshot.aliases`), the last one for `"*"`.
     turns: Vec<AtomicU64>,
     pub state: Arc<dyn State>,
+    /// One per backend (same index as `snapshot.backends`).
+    pub loads: Vec<Arc<Load>>,
+    /// Drained and health flags per backend (same index as `snapshot.backends`).
+    pub fleet: Fleet,
+    /// The circuit breaker of each backend that has one.
+    pub breakers: Breakers,
 }
 
 impl Runtime {
@@ -27,13 +36,53 @@ impl Runtime {
         let turns = (0..=snapshot.aliases.len())
             .map(|_| AtomicU64::new(0))
             .collect();
+        let loads = snapshot.backends.iter().map(|_| Arc::new(Load::default())).collect();
+        let fleet = Fleet::new(&snapshot);
+        let breakers = Breakers::new(&snapshot, None);
         Runtime {
             snapshot,
             clients,
             credentials,
             turns,
             state,
+            loads,
+            fleet,
+            breakers,
         }
+    }
+
+    /// The runtime for a reloaded `snapshot`: the one place that decides what survives a reload.
+    /// The learned state is shared; a backend that keeps its name keeps its load, its drained and
+    /// health flags, its breaker (when its policy is unchanged), and (when its client settings are
+    /// unchanged) its upstream client and pool.
+    pub fn next(&self, snapshot: Arc<Snapshot>) -> Runtime {
+        let mut next = Runtime::new(snapshot, self.state.clone());
+        next.fleet = Fleet::next(&next.snapshot, &self.fleet, &self.snapshot);
+        next.breakers = Breakers::new(&next.snapshot, Some(&self.breakers));
+        for (id, backend) in next.snapshot.backends.iter().enumerate() {
+            let Some(&old) = self.snapshot.backend_by_name.get(&backend.name) else {
+                continue;
+            };
+            if let (Some(load), Some(slot)) = (self.loads.get(old), next.loads.get_mut(id)) {
+                *slot = load.clone();
+            }
+            let same_client = self
+                .snapshot
+                .backends
+                .get(old)
+                .is_some_and(|before| client_fits(before, backend));
+            if let (true, Some(client), Some(slot)) =
+                (same_client, self.clients.get(old), next.clients.get_mut(id))
+            {
+                *slot = client.clone();
+            }
+        }
+        next
+    }
+
+    /// The load of backend `backend`.
+    pub fn load(&self, backend: usize) -> Option<&Arc<Load>> {
+        self.loads.get(backend)
     }
 
     /// The turn counter of an alias (`None` for `"*"`).

@@ -1,5 +1,6 @@
 //! Listeners: accept loops serving HTTP/1.1 and h2 on the client and admin ports, with header
-//! limits, and graceful shutdown that lets in-flight requests finish.
+//! limits, and graceful shutdown: the listener closes at once, idle keep-alive connections close,
+//! and requests under way (open streams included) finish within [`SHUTDOWN_GRACE`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,14 +15,16 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use crate::body::Body;
 
 /// Request heads (request line and headers) larger than this get 431.
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
-/// How long shutdown waits for in-flight requests.
-const DRAIN: Duration = Duration::from_secs(30);
+/// How long shutdown waits for requests under way, streams included; connections still open
+/// after it are closed. Not configurable: it bounds how long a stop may take, whatever routing says.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 fn builder() -> Builder<TokioExecutor> {
     let mut builder = Builder::new(TokioExecutor::new());
@@ -34,7 +37,7 @@ fn builder() -> Builder<TokioExecutor> {
     builder
 }
 
-/// Serves `listener` with `handler` until `shutdown` flips, then drains.
+/// Serves `listener` with `handler` until `shutdown` flips, then lets open connections finish.
 pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: watch::Receiver<bool>)
 where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
@@ -43,8 +46,12 @@ where
     let handler = Arc::new(handler);
     let builder = builder();
     let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
     loop {
         tokio::select! {
+            biased;
+            _ = shutdown.changed() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
@@ -62,20 +69,20 @@ where
                 });
                 let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
                 let connection = graceful.watch(connection);
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     if let Err(error) = connection.await {
                         tracing::debug!(%error, "connection ended with an error");
                     }
                 });
             }
-            _ = shutdown.changed() => break,
         }
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
         .await
         .is_err()
     {
-        tracing::warn!("shutdown: connections still open after {DRAIN:?}, closing them");
+        tracing::warn!("shutdown: connections still open after {SHUTDOWN_GRACE:?}, closing them");
     }
+    connections.shutdown().await;
 }

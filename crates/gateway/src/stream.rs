@@ -4,6 +4,8 @@
 //! never a silent close.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
@@ -13,6 +15,7 @@ use serde::Deserialize;
 use tokio::time::{Duration, Instant};
 
 use crate::body::{Body, BoxError};
+use crate::headroom::InFlight;
 use crate::upstream::Failure;
 
 /// Splits a byte stream into SSE events (each ending in a blank line).
@@ -170,6 +173,8 @@ pub struct StreamRules {
     pub deadline: Instant,
     /// Drop Azure's filter-only chunks (plain OpenAI paths).
     pub drop_filter_chunks: bool,
+    /// Keep the text sent so far, so a cut stream can be continued elsewhere (rule 5).
+    pub track_transcript: bool,
 }
 
 /// A stream whose first content event has arrived: it may be committed to the caller.
@@ -181,6 +186,70 @@ pub struct Relay {
     finished: bool,
     saw_finish: bool,
     pub malformed: u64,
+    /// Keeps the backend's in-flight count until the stream ends.
+    in_flight: Option<InFlight>,
+    /// What reached the caller so far, when the alias continues cut streams.
+    transcript: Option<Transcript>,
+    /// On a continuation: the caller's stream identity its chunks are rewritten to.
+    rewrite: Option<Identity>,
+}
+
+/// The `id`, `created` and `model` of the caller's stream; a continuation's chunks carry them too,
+/// so the caller sees one answer.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    id: serde_json::Value,
+    created: serde_json::Value,
+    model: serde_json::Value,
+}
+
+/// The text and identity of what a stream sent to the caller.
+#[derive(Debug, Default)]
+pub struct Transcript {
+    text: String,
+    tool_calls: bool,
+    identity: Option<Identity>,
+}
+
+fn event_json(event: &[u8]) -> Option<serde_json::Value> {
+    serde_json::from_slice(event_data(event).trim_ascii()).ok()
+}
+
+impl Transcript {
+    fn record(&mut self, event: &[u8]) {
+        let Some(value) = event_json(event) else {
+            return;
+        };
+        if self.identity.is_none() && value["id"].as_str().is_some_and(|id| !id.is_empty()) {
+            self.identity = Some(Identity {
+                id: value["id"].clone(),
+                created: value["created"].clone(),
+                model: value["model"].clone(),
+            });
+        }
+        for choice in value["choices"].as_array().into_iter().flatten() {
+            let delta = &choice["delta"];
+            if let Some(text) = delta["content"].as_str() {
+                self.text.push_str(text);
+            }
+            self.tool_calls |= !delta["tool_calls"].is_null();
+        }
+    }
+}
+
+/// A continuation's event in the caller's stream identity, without its role announcement;
+/// `None` for events the caller already had (the role chunk) or that are not JSON.
+fn rewritten(event: &[u8], identity: &Identity) -> Option<Bytes> {
+    let mut value = event_json(event)?;
+    value["id"] = identity.id.clone();
+    value["created"] = identity.created.clone();
+    value["model"] = identity.model.clone();
+    for choice in value["choices"].as_array_mut().into_iter().flatten() {
+        if let Some(delta) = choice.get_mut("delta").and_then(|d| d.as_object_mut()) {
+            delta.remove("role");
+        }
+    }
+    Some(Bytes::from(format!("data: {value}\n\n")))
 }
 
 enum Read {
@@ -234,16 +303,43 @@ impl Relay {
                 }
                 EventKind::FilterOnly | EventKind::Meta => {}
             }
+            let event = match (&self.rewrite, kind) {
+                (None, _) => event,
+                (Some(_), EventKind::FilterOnly) => continue,
+                (Some(_), EventKind::Meta) if event_json(&event).is_some_and(|v| v["choices"].as_array().is_some_and(|c| !c.is_empty())) => continue,
+                (Some(identity), _) => match rewritten(&event, identity) {
+                    Some(event) => event,
+                    None => continue,
+                },
+            };
+            if let (Some(transcript), EventKind::Content { .. }) = (self.transcript.as_mut(), kind) {
+                transcript.record(&event);
+            }
             self.ready.push_back(event);
         }
         notable
     }
 
     /// Reads until the first content event; failures before it are the attempt's failures.
-    pub async fn open(
+    pub async fn open(body: Incoming, rules: StreamRules, first_token_by: Instant) -> Result<Relay, Failure> {
+        Self::open_with(body, rules, first_token_by, None).await
+    }
+
+    /// Opens a continuation of the caller's stream `identity` (rule 5).
+    pub async fn open_continuing(
         body: Incoming,
         rules: StreamRules,
         first_token_by: Instant,
+        identity: Identity,
+    ) -> Result<Relay, Failure> {
+        Self::open_with(body, rules, first_token_by, Some(identity)).await
+    }
+
+    async fn open_with(
+        body: Incoming,
+        rules: StreamRules,
+        first_token_by: Instant,
+        rewrite: Option<Identity>,
     ) -> Result<Relay, Failure> {
         let mut relay = Relay {
             body,
@@ -253,6 +349,9 @@ impl Relay {
             finished: false,
             saw_finish: false,
             malformed: 0,
+            in_flight: None,
+            transcript: rules.track_transcript.then(Transcript::default),
+            rewrite,
         };
         let until = first_token_by.min(rules.deadline);
         loop {
@@ -274,14 +373,14 @@ impl Relay {
         }
     }
 
-    /// The next bytes for the caller, `None` once the stream is over.
-    async fn next_chunk(&mut self) -> Option<Bytes> {
+    /// The next step of the stream: bytes for the caller, a cut not yet told, or the end.
+    async fn step(&mut self) -> Step {
         loop {
             if let Some(first) = self.ready.pop_front() {
-                return Some(self.join(first));
+                return Step::Data(self.join(first));
             }
             if self.finished {
-                return None;
+                return Step::End;
             }
             let until = (Instant::now() + self.rules.idle).min(self.rules.deadline);
             let cut = match self.read(until).await {
@@ -289,12 +388,13 @@ impl Relay {
                     self.absorb(&data);
                     continue;
                 }
-                Read::End => return Some(self.end_cleanly()),
+                Read::End => return self.end_cleanly(),
                 Read::Failed(e) => format!("the upstream stream failed midway: {e}"),
                 Read::Idle => "the upstream stream stalled (idle timeout)".to_owned(),
                 Read::OutOfTime => "the request ran out of time (total timeout)".to_owned(),
             };
-            return Some(self.cut(&cut));
+            self.finished = true;
+            return Step::Cut(cut);
         }
     }
 
@@ -310,8 +410,8 @@ impl Relay {
     }
 
     /// The upstream closed without `[DONE]`: finished at once when the answer was complete,
-    /// otherwise an explicit error.
-    fn end_cleanly(&mut self) -> Bytes {
+    /// otherwise a cut.
+    fn end_cleanly(&mut self) -> Step {
         self.finished = true;
         if let Some(rest) = self.framer.rest() {
             if matches!(classify(&rest), EventKind::Content { finished: true }) {
@@ -319,22 +419,93 @@ impl Relay {
             }
         }
         if self.saw_finish {
-            Bytes::from_static(b"data: [DONE]\n\n")
+            Step::Data(Bytes::from_static(b"data: [DONE]\n\n"))
         } else {
-            self.cut("the upstream stream ended before the answer was complete")
+            Step::Cut("the upstream stream ended before the answer was complete".to_owned())
         }
     }
 
-    fn cut(&mut self, reason: &str) -> Bytes {
-        self.finished = true;
-        tracing::warn!(reason, "stream cut after content reached the caller");
-        error_event(reason)
+    /// Counts the stream in flight on its backend until it ends.
+    pub fn holding(mut self, in_flight: InFlight) -> Self {
+        self.in_flight = Some(in_flight);
+        self
     }
 
     pub fn into_body(self) -> Body {
-        let stream = futures_util::stream::unfold(self, |mut relay| async move {
-            let chunk = relay.next_chunk().await?;
-            Some((Ok::<_, BoxError>(Frame::data(chunk)), relay))
+        Answering {
+            relay: self,
+            continuer: None,
+        }
+        .into_body()
+    }
+
+    /// The caller's stream, continued by `continuer` if it is cut (rule 5).
+    pub fn continued_by(self, continuer: Box<dyn Continuer>) -> Answering {
+        Answering {
+            relay: self,
+            continuer: Some(continuer),
+        }
+    }
+}
+
+enum Step {
+    Data(Bytes),
+    Cut(String),
+    End,
+}
+
+/// Asks another target to continue a cut stream from the text the caller already has.
+pub trait Continuer: Send {
+    /// A relay for the continuation of `sent`, already past its first content event, or `None`
+    /// when no candidate could continue.
+    fn continue_after<'a>(
+        &'a mut self,
+        sent: &'a str,
+        identity: Identity,
+    ) -> Pin<Box<dyn Future<Output = Option<Relay>> + Send + 'a>>;
+}
+
+/// The caller's stream: one relay, or a relay and its continuations.
+pub struct Answering {
+    relay: Relay,
+    continuer: Option<Box<dyn Continuer>>,
+}
+
+impl Answering {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            match self.relay.step().await {
+                Step::Data(bytes) => return Some(bytes),
+                Step::End => return None,
+                Step::Cut(reason) => {
+                    if let Some(next) = self.continuation().await {
+                        tracing::info!(reason, "a cut stream is continued by another target");
+                        self.relay = next;
+                        continue;
+                    }
+                    tracing::warn!(reason, "stream cut after content reached the caller");
+                    return Some(error_event(&reason));
+                }
+            }
+        }
+    }
+
+    async fn continuation(&mut self) -> Option<Relay> {
+        let continuer = self.continuer.as_mut()?;
+        let transcript = self.relay.transcript.take()?;
+        if transcript.tool_calls || transcript.text.is_empty() {
+            return None;
+        }
+        let identity = transcript.identity.clone()?;
+        let mut next = continuer.continue_after(&transcript.text, identity).await?;
+        next.transcript = Some(transcript);
+        Some(next)
+    }
+
+    pub fn into_body(self) -> Body {
+        let stream = futures_util::stream::unfold(self, |mut answering| async move {
+            let chunk = answering.next_chunk().await?;
+            Some((Ok::<_, BoxError>(Frame::data(chunk)), answering))
         });
         StreamBody::new(stream).boxed_unsync()
     }

@@ -39,6 +39,12 @@ pub fn client_for(backend: &Backend) -> UpstreamClient {
         .build(https)
 }
 
+/// Whether a client built by [`client_for`] for `before` serves `after` as well (all it reads),
+/// so a reload can keep its pool.
+pub fn client_fits(before: &Backend, after: &Backend) -> bool {
+    before.timeouts.connect == after.timeouts.connect
+}
+
 /// How an attempt failed before it produced a usable answer.
 #[derive(Debug)]
 pub enum Failure {

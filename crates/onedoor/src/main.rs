@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use onedoor_gateway::StartError;
 
 #[derive(Parser)]
 #[command(
@@ -139,16 +140,40 @@ fn validate(config: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(config: PathBuf) -> Result<(), Failure> {
-    let snapshot =
-        onedoor_config::load(&config).map_err(|p| Failure::BadInput(problems_text(&p)))?;
-    let running = onedoor_gateway::start(snapshot)
+    let running = onedoor_gateway::start_from_file(&config)
         .await
-        .map_err(|e| Failure::Runtime(format!("cannot listen: {e}")))?;
+        .map_err(|error| match error {
+            StartError::Config(problems) => Failure::BadInput(problems_text(&problems)),
+            StartError::Listen(error) => Failure::Runtime(format!("cannot listen: {error}")),
+        })?;
     tracing::info!(addr = %running.addr(), admin = %running.admin_addr(), config = %config.display(), "onedoor is serving");
-    stopped().await;
-    tracing::info!("shutting down: in-flight requests finish first");
-    running.shutdown().await;
+    tokio::select! {
+        _ = stopped() => {}
+        _ = reload_on_hangup(&running) => {}
+    }
+    tracing::info!(grace = ?onedoor_gateway::SHUTDOWN_GRACE, "shutting down: requests under way finish first (a second signal stops at once)");
+    tokio::select! {
+        _ = running.shutdown() => tracing::info!("stopped"),
+        _ = stopped() => tracing::warn!("second signal: stopping without waiting for requests under way"),
+    }
     Ok(())
+}
+
+/// Reloads the config on every SIGHUP; never returns where that signal exists.
+async fn reload_on_hangup(running: &onedoor_gateway::Running) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+            return std::future::pending().await;
+        };
+        while hangup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading the config");
+            // Success and refusal (with every problem) are logged by the reload itself.
+            let _ = running.reload().await;
+        }
+    }
+    std::future::pending().await
 }
 
 async fn mock(config: PathBuf) -> Result<(), Failure> {

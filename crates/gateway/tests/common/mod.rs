@@ -3,7 +3,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,6 +29,8 @@ pub struct Harness {
     pub fleet: Fleet,
     pub gateway: Running,
     client: Client<HttpConnector, Full<Bytes>>,
+    /// The config file, for gateways started with `start_from_file`.
+    config_file: Option<PathBuf>,
 }
 
 pub struct Answer {
@@ -73,20 +76,7 @@ impl Harness {
     /// unless the config has its own `tenants:`.
     pub async fn start(specs: Vec<EndpointSpec>, config: &str) -> Harness {
         let fleet = Fleet::start(specs).await.expect("fleet starts");
-        let mut yaml = config.to_owned();
-        for endpoint in fleet.endpoints() {
-            yaml = yaml.replace(&format!("{{url:{}}}", endpoint.name()), &endpoint.url());
-        }
-        if !yaml.contains("tenants:") {
-            yaml.push_str(&format!(
-                "tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n  - name: other\n    keys: [{{ id: other-key, sha256: {} }}]\n",
-                key_hash(KEY),
-                key_hash(OTHER_KEY)
-            ));
-        }
-        if !yaml.contains("admin:") {
-            yaml.push_str(&format!("admin: {{ token: {ADMIN_TOKEN} }}\n"));
-        }
+        let yaml = render(&fleet, config);
         let snapshot = match onedoor_config::parse(&yaml, Path::new("test.yaml"), &|_| None) {
             Ok(snapshot) => snapshot,
             Err(problems) => panic!("test config invalid: {problems:#?}\n{yaml}"),
@@ -99,7 +89,53 @@ impl Harness {
             fleet,
             gateway,
             client,
+            config_file: None,
         }
+    }
+
+    /// Like `start`, but the config is a file in a fresh temporary directory that the gateway
+    /// reloads from (`write_config` changes it).
+    pub async fn start_from_file(specs: Vec<EndpointSpec>, config: &str) -> Harness {
+        let fleet = Fleet::start(specs).await.expect("fleet starts");
+        let path = temp_config_path();
+        std::fs::write(&path, render(&fleet, config)).unwrap();
+        let snapshot = match onedoor_config::load(&path) {
+            Ok(snapshot) => snapshot,
+            Err(problems) => panic!("test config invalid: {problems:#?}"),
+        };
+        let client_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gateway = onedoor_gateway::start_on_file(snapshot, client_listener, admin_listener);
+        Harness {
+            fleet,
+            gateway,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            config_file: Some(path),
+        }
+    }
+
+    /// Replaces the config file's content (`{url:NAME}` and the default tenants as in `start`).
+    pub fn write_config(&self, config: &str) {
+        let path = self
+            .config_file
+            .as_ref()
+            .expect("started with start_from_file");
+        std::fs::write(path, render(&self.fleet, config)).unwrap();
+    }
+
+    /// Writes the file as given, without substitutions (for broken configs).
+    pub fn write_raw_config(&self, text: &str) {
+        let path = self
+            .config_file
+            .as_ref()
+            .expect("started with start_from_file");
+        std::fs::write(path, text).unwrap();
+    }
+
+    pub fn config_file(&self) -> &Path {
+        self.config_file
+            .as_deref()
+            .expect("started with start_from_file")
     }
 
     pub fn endpoint(&self, name: &str) -> &onedoor_mock::Endpoint {
@@ -158,6 +194,14 @@ impl Harness {
             .await
     }
 
+    /// POSTs to the admin port with the admin token.
+    pub async fn admin_post(&self, path: &str) -> Answer {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let url = format!("http://{}{}", self.gateway.admin_addr(), path);
+        self.send(Method::POST, url, &[("authorization", &auth)], Bytes::new())
+            .await
+    }
+
     pub async fn admin_get(&self, path: &str, token: Option<&str>) -> Answer {
         let auth = token.map(|t| format!("Bearer {t}"));
         let headers: Vec<(&str, &str)> =
@@ -165,6 +209,35 @@ impl Harness {
         let url = format!("http://{}{}", self.gateway.admin_addr(), path);
         self.send(Method::GET, url, &headers, Bytes::new()).await
     }
+}
+
+/// `config` with `{url:NAME}` replaced by each endpoint's URL, and the default tenants and admin
+/// token appended unless it has its own.
+pub fn render(fleet: &Fleet, config: &str) -> String {
+    let mut yaml = config.to_owned();
+    for endpoint in fleet.endpoints() {
+        yaml = yaml.replace(&format!("{{url:{}}}", endpoint.name()), &endpoint.url());
+    }
+    if !yaml.contains("tenants:") {
+        yaml.push_str(&format!(
+            "tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n  - name: other\n    keys: [{{ id: other-key, sha256: {} }}]\n",
+            key_hash(KEY),
+            key_hash(OTHER_KEY)
+        ));
+    }
+    if !yaml.contains("admin:") {
+        yaml.push_str(&format!("admin: {{ token: {ADMIN_TOKEN} }}\n"));
+    }
+    yaml
+}
+
+/// A fresh `onedoor.yaml` path in its own temporary directory.
+pub fn temp_config_path() -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("onedoor-test-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("onedoor.yaml")
 }
 
 pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {

@@ -1,0 +1,173 @@
+//! One attempt on one target: build the wire request, send it, then read a whole answer or open
+//! the stream up to its first content event; and the continuation of a cut stream (contract
+//! section 2.1, rule 5), which is an attempt with the text already sent as a prefill.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use onedoor_state::now_ms;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::provider;
+use crate::request::{ClientRequest, Operation};
+use crate::router::Candidate;
+use crate::runtime::Runtime;
+use crate::stream::{Continuer, Identity, Relay, StreamRules};
+use crate::surface::Dialect;
+use crate::upstream::{self, Failure};
+
+/// A successful attempt's answer, ready to be sent.
+pub enum Answer {
+    Whole {
+        status: StatusCode,
+        content_type: Option<HeaderValue>,
+        body: Bytes,
+    },
+    Stream(Relay),
+}
+
+/// What every attempt of one request shares.
+#[derive(Clone)]
+pub struct Dispatch {
+    pub runtime: Arc<Runtime>,
+    pub operation: Operation,
+    pub dialect: Dialect,
+    /// Keep the streamed text, so a cut stream can be continued.
+    pub continues_cut_streams: bool,
+}
+
+impl Dispatch {
+    pub async fn attempt(
+        &self,
+        request: &ClientRequest,
+        candidate: &Candidate,
+        deadline: Instant,
+        continuing: Option<Identity>,
+    ) -> Result<Answer, Failure> {
+        let runtime = &self.runtime;
+        let unknown = || Failure::ConnectError("unknown backend".into());
+        let backend = runtime.snapshot.backends.get(candidate.backend).ok_or_else(unknown)?;
+        let client = runtime.clients.get(candidate.backend).ok_or_else(unknown)?;
+        let credential = runtime.credentials.get(candidate.backend).and_then(Option::as_ref);
+        let wire = provider::build(backend, credential, &candidate.deployment, self.operation, request)
+            .map_err(|e| Failure::ConnectError(e.to_string()))?;
+        let now = Instant::now();
+        let deadline = deadline.min(now + backend.timeouts.total);
+        let first_token_by = now + backend.timeouts.first_token;
+        let load = runtime.load(candidate.backend).cloned().unwrap_or_default();
+        let mut in_flight = load.begin(request.estimated_tokens(self.operation), now_ms());
+        let sent = upstream::send(client, wire, first_token_by, deadline).await;
+        match &sent {
+            Ok(response) => load.observe(response.headers(), now_ms()),
+            Err(Failure::Status { headers, .. }) => load.observe(headers, now_ms()),
+            Err(_) => {}
+        }
+        let response = sent?;
+        let status = response.status();
+        let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+        let is_stream = content_type
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if request.stream && is_stream {
+            let rules = StreamRules {
+                idle: backend.timeouts.idle,
+                deadline,
+                drop_filter_chunks: self.dialect == Dialect::OpenAi,
+                track_transcript: self.continues_cut_streams,
+            };
+            let body = response.into_body();
+            let relay = match continuing {
+                Some(identity) => Relay::open_continuing(body, rules, first_token_by, identity).await?,
+                None => Relay::open(body, rules, first_token_by).await?,
+            };
+            load.succeeded(now.elapsed(), now_ms());
+            return Ok(Answer::Stream(relay.holding(in_flight)));
+        }
+        let body = match tokio::time::timeout_at(deadline, response.into_body().collect()).await {
+            Err(_) => return Err(Failure::Timeout),
+            Ok(Err(error)) => return Err(Failure::Reset(error.to_string())),
+            Ok(Ok(collected)) => collected.to_bytes(),
+        };
+        load.succeeded(now.elapsed(), now_ms());
+        if let Some(tokens) = measured_tokens(&body) {
+            in_flight.settle(tokens, now_ms());
+        }
+        Ok(Answer::Whole {
+            status,
+            content_type,
+            body,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct UsageProbe {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    total_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+/// The total tokens an upstream answer says it used.
+pub fn measured_tokens(body: &[u8]) -> Option<u64> {
+    let usage = serde_json::from_slice::<UsageProbe>(body).ok()?.usage?;
+    usage
+        .total_tokens
+        .or_else(|| Some(usage.prompt_tokens? + usage.completion_tokens.unwrap_or(0)))
+}
+
+/// The targets that may continue a cut stream: those that accept prefill, other than the one
+/// that was cut, in priority order, each asked at most once.
+pub struct Continuation {
+    pub dispatch: Dispatch,
+    pub request: ClientRequest,
+    pub fallbacks: Vec<Candidate>,
+    pub deadline: Instant,
+}
+
+impl Continuation {
+    async fn next_relay(&mut self, sent: &str, identity: Identity) -> Option<Relay> {
+        let request = self.request.with_prefill(sent)?;
+        while !self.fallbacks.is_empty() {
+            let candidate = self.fallbacks.remove(0);
+            match self
+                .dispatch
+                .attempt(&request, &candidate, self.deadline, Some(identity.clone()))
+                .await
+            {
+                Ok(Answer::Stream(relay)) => return Some(relay),
+                Ok(Answer::Whole { status, .. }) => {
+                    tracing::info!(backend = candidate.backend, %status, "a continuation did not stream")
+                }
+                Err(failure) => {
+                    tracing::info!(backend = candidate.backend, outcome = %failure.label(), "a continuation failed")
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Continuer for Continuation {
+    fn continue_after<'a>(
+        &'a mut self,
+        sent: &'a str,
+        identity: Identity,
+    ) -> Pin<Box<dyn Future<Output = Option<Relay>> + Send + 'a>> {
+        Box::pin(self.next_relay(sent, identity))
+    }
+}
