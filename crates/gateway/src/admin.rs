@@ -103,7 +103,9 @@ fn breaker(runtime: &Runtime, backend: usize, now: u64) -> serde_json::Value {
             "next_probe_in_ms": view.next_probe_in_ms,
             "trips": view.trips,
         }),
-        None => serde_json::json!({"state": "closed", "policy": null, "next_probe_in_ms": null, "trips": 0}),
+        None => {
+            serde_json::json!({"state": "closed", "policy": null, "next_probe_in_ms": null, "trips": 0})
+        }
     }
 }
 

@@ -35,14 +35,18 @@ impl Candidate {
 pub enum Excluded {
     Region,
     NotServed,
-    CoolingDown { until_ms: u64 },
+    CoolingDown {
+        until_ms: u64,
+    },
     Unsupported,
     /// An operator drained its backend (`POST /admin/backends/{name}/drain`).
     Drained,
     /// Its backend failed its active health check twice in a row.
     Unhealthy,
     /// Its backend's circuit breaker is open (or half-open with its one probe in flight).
-    BreakerOpen { until_ms: u64 },
+    BreakerOpen {
+        until_ms: u64,
+    },
 }
 
 pub struct Plan {

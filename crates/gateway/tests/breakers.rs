@@ -95,7 +95,9 @@ async fn a_backend_returning_500s_is_tripped_gets_no_traffic_then_one_probe_then
     let state = breaker(&h, "bad").await;
     assert_eq!(state["state"], "open", "{state}");
     assert_eq!(state["trips"], 1);
-    assert!(state["next_probe_in_ms"].as_u64().is_some_and(|ms| ms <= 1000));
+    assert!(state["next_probe_in_ms"]
+        .as_u64()
+        .is_some_and(|ms| ms <= 1000));
 
     for _ in 0..20 {
         let answer = h.chat("chat").await;

@@ -427,8 +427,14 @@ async fn a_first_token_timeout_fails_over_and_that_target_is_not_tried_again() {
         ),
     )
     .await;
+    let started = Instant::now();
     let answer = h.chat("chat").await;
     assert_eq!(answer.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_millis(300 + 700),
+        "took {:?}: more than the timeout and one normal request",
+        started.elapsed()
+    );
     // Alone in its group, but a timed-out target gets no second try.
     assert_eq!(answer.attempts(), "slow=first_token_timeout,fast=200");
     // The abandoned upstream request was cancelled.
@@ -456,9 +462,11 @@ async fn a_model_that_sends_headers_and_then_thinks_is_caught_by_the_first_token
         ),
     )
     .await;
+    let started = Instant::now();
     let answer = h
         .post("/v1/chat/completions", chat_body("chat", true))
         .await;
+    assert!(started.elapsed() < Duration::from_millis(300 + 700), "took {:?}", started.elapsed());
     assert_eq!(answer.status, 200);
     assert_eq!(answer.attempts(), "thinker=first_token_timeout,fast=200");
     assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);

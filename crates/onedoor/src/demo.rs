@@ -35,12 +35,21 @@ fn fleet_specs() -> Vec<EndpointSpec> {
         EndpointSpec::azure("sub3-eastus", "eastus")
             .deployment(gpt4o())
             .deployment(DeploymentSpec::new("gpt-4.1").model("gpt-4.1-2025-04-14")),
+        EndpointSpec::azure("sub5-westeurope-flaky", "westeurope")
+            .deployment(gpt4o())
+            .behavior(Behavior {
+                cut_after: Some(4),
+                ..lifelike()
+            }),
         EndpointSpec::anthropic("anthropic-eu", "europe").deployment(
             DeploymentSpec::new("claude-sonnet-4-5").model("claude-sonnet-4-5-20250929"),
         ),
     ]
     .into_iter()
-    .map(|spec| spec.behavior(lifelike()))
+    .map(|spec| match spec.behavior == Behavior::default() {
+        true => spec.behavior(lifelike()),
+        false => spec,
+    })
     .collect()
 }
 
@@ -77,6 +86,7 @@ fn config_yaml(
         ("sub2-norwayeast", "norwayeast"),
         ("sub2-westeurope-throttled", "westeurope"),
         ("sub3-eastus", "eastus"),
+        ("sub5-westeurope-flaky", "westeurope"),
     ] {
         backends.push_str(&azure(name, region, &url(fleet, name)));
     }
@@ -107,6 +117,15 @@ backends:
       - {{ backend: sub1-francecentral, deployment: gpt-4o, priority: 2, weight: 3 }}
       - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2, weight: 1 }}
       - {{ backend: sub4-eastus2-down, deployment: gpt-4o, priority: 3 }}
+  - name: chat-flaky
+    targets:
+      - {{ backend: sub5-westeurope-flaky, deployment: gpt-4o, priority: 1 }}
+      - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2 }}
+  - name: chat-resilient
+    continue_cut_streams: true
+    targets:
+      - {{ backend: sub5-westeurope-flaky, deployment: gpt-4o, priority: 1 }}
+      - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2, accepts_prefill: true }}
   - name: chat-mini
     targets:
       - {{ backend: sub1-francecentral, deployment: gpt-4o-mini }}
@@ -140,6 +159,13 @@ curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY
 curl -sN $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"chat-default","stream":true,"messages":[{{"role":"user","content":"Hello"}}]}}'
 
 curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"gpt-4.1","messages":[{{"role":"user","content":"Which endpoint serves gpt-4.1?"}}]}}'
+
+A stream that the upstream cuts midway ends with an explicit error event (chat-flaky); on an
+alias that continues cut streams, another backend finishes the answer from what was sent (chat-resilient):
+
+curl -sN $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"chat-flaky","stream":true,"messages":[{{"role":"user","content":"Hello"}}]}}'
+
+curl -sN $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"chat-resilient","stream":true,"messages":[{{"role":"user","content":"Hello"}}]}}'
 
 The openai Python SDK (pip install openai):
 
