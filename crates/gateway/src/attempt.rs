@@ -13,6 +13,7 @@ use onedoor_state::now_ms;
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::breaker::{Admission, Observed};
 use crate::provider;
 use crate::request::{ClientRequest, Operation};
 use crate::router::Candidate;
@@ -28,7 +29,7 @@ pub enum Answer {
         content_type: Option<HeaderValue>,
         body: Bytes,
     },
-    Stream(Relay),
+    Stream(Box<Relay>),
 }
 
 /// What every attempt of one request shares.
@@ -51,11 +52,24 @@ impl Dispatch {
     ) -> Result<Answer, Failure> {
         let runtime = &self.runtime;
         let unknown = || Failure::ConnectError("unknown backend".into());
-        let backend = runtime.snapshot.backends.get(candidate.backend).ok_or_else(unknown)?;
+        let backend = runtime
+            .snapshot
+            .backends
+            .get(candidate.backend)
+            .ok_or_else(unknown)?;
         let client = runtime.clients.get(candidate.backend).ok_or_else(unknown)?;
-        let credential = runtime.credentials.get(candidate.backend).and_then(Option::as_ref);
-        let wire = provider::build(backend, credential, &candidate.deployment, self.operation, request)
-            .map_err(|e| Failure::ConnectError(e.to_string()))?;
+        let credential = runtime
+            .credentials
+            .get(candidate.backend)
+            .and_then(Option::as_ref);
+        let wire = provider::build(
+            backend,
+            credential,
+            &candidate.deployment,
+            self.operation,
+            request,
+        )
+        .map_err(|e| Failure::ConnectError(e.to_string()))?;
         let now = Instant::now();
         let deadline = deadline.min(now + backend.timeouts.total);
         let first_token_by = now + backend.timeouts.first_token;
@@ -83,11 +97,13 @@ impl Dispatch {
             };
             let body = response.into_body();
             let relay = match continuing {
-                Some(identity) => Relay::open_continuing(body, rules, first_token_by, identity).await?,
+                Some(identity) => {
+                    Relay::open_continuing(body, rules, first_token_by, identity).await?
+                }
                 None => Relay::open(body, rules, first_token_by).await?,
             };
             load.succeeded(now.elapsed(), now_ms());
-            return Ok(Answer::Stream(relay.holding(in_flight)));
+            return Ok(Answer::Stream(Box::new(relay.holding(in_flight))));
         }
         let body = match tokio::time::timeout_at(deadline, response.into_body().collect()).await {
             Err(_) => return Err(Failure::Timeout),
@@ -144,12 +160,26 @@ impl Continuation {
         let request = self.request.with_prefill(sent)?;
         while !self.fallbacks.is_empty() {
             let candidate = self.fallbacks.remove(0);
-            match self
+            let breakers = &self.dispatch.runtime.breakers;
+            let probe = match breakers.admit(candidate.backend, now_ms()) {
+                Admission::Open { .. } => continue,
+                Admission::Closed => None,
+                Admission::Probe(permit) => Some(permit),
+            };
+            let result = self
                 .dispatch
                 .attempt(&request, &candidate, self.deadline, Some(identity.clone()))
-                .await
-            {
-                Ok(Answer::Stream(relay)) => return Some(relay),
+                .await;
+            let observed = match &result {
+                Ok(_) => Observed::Success,
+                Err(failure) => Observed::of(failure),
+            };
+            match probe {
+                Some(permit) => permit.settle(&observed, now_ms()),
+                None => breakers.record(candidate.backend, &observed, now_ms()),
+            }
+            match result {
+                Ok(Answer::Stream(relay)) => return Some(*relay),
                 Ok(Answer::Whole { status, .. }) => {
                     tracing::info!(backend = candidate.backend, %status, "a continuation did not stream")
                 }

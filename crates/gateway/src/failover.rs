@@ -121,7 +121,7 @@ impl<'a> Failover<'a> {
         Fitness {
             headroom: load.fits(&backend.limits, self.tokens, now),
             share: load.share(now),
-            fresh_region: !self.tried_regions.iter().any(|r| *r == backend.region),
+            fresh_region: !self.tried_regions.contains(&backend.region),
         }
     }
 
@@ -307,7 +307,10 @@ impl<'a> Failover<'a> {
     fn note_failure(&mut self, i: usize, verdict: Verdict) {
         let struggling = matches!(
             verdict,
-            Verdict::Transient | Verdict::Throttled(_) | Verdict::TimedOut | Verdict::CredentialRejected
+            Verdict::Transient
+                | Verdict::Throttled(_)
+                | Verdict::TimedOut
+                | Verdict::CredentialRejected
         );
         if !struggling {
             return;
@@ -316,7 +319,12 @@ impl<'a> Failover<'a> {
         if let Some(load) = self.runtime.load(backend) {
             load.failed();
         }
-        if let Some(region) = self.snapshot().backends.get(backend).map(|b| b.region.clone()) {
+        if let Some(region) = self
+            .snapshot()
+            .backends
+            .get(backend)
+            .map(|b| b.region.clone())
+        {
             if !self.tried_regions.contains(&region) {
                 self.tried_regions.push(region);
             }

@@ -75,11 +75,19 @@ pub struct Load {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn header_number(headers: &HeaderMap, name: &str) -> Option<u64> {
-    let value = headers.get(name)?.to_str().ok()?.trim().parse::<i64>().ok()?;
+    let value = headers
+        .get(name)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse::<i64>()
+        .ok()?;
     // Azure sometimes reports -1 for "unknown".
     u64::try_from(value).ok()
 }
@@ -101,11 +109,16 @@ impl Load {
 
     /// Whether a request of `tokens` fits under the backend's limits and what it last reported.
     pub fn fits(&self, limits: &Limits, tokens: u64, now_ms: u64) -> bool {
-        if limits.max_in_flight.is_some_and(|cap| self.in_flight() >= cap) {
+        if limits
+            .max_in_flight
+            .is_some_and(|cap| self.in_flight() >= cap)
+        {
             return false;
         }
         let (requests, used_tokens) = lock(&self.window).used(now_ms);
-        if limits.rpm.is_some_and(|rpm| requests + 1 > rpm) || limits.tpm.is_some_and(|tpm| used_tokens + tokens > tpm) {
+        if limits.rpm.is_some_and(|rpm| requests + 1 > rpm)
+            || limits.tpm.is_some_and(|tpm| used_tokens + tokens > tpm)
+        {
             return false;
         }
         let remaining = *lock(&self.remaining);
@@ -129,7 +142,11 @@ impl Load {
     pub fn succeeded(&self, latency: Duration, now_ms: u64) {
         let sample = latency.as_micros() as u64;
         let old = self.latency_ewma_us.load(Ordering::Relaxed);
-        let ewma = if old == 0 { sample } else { (old * 4 + sample) / 5 };
+        let ewma = if old == 0 {
+            sample
+        } else {
+            (old * 4 + sample) / 5
+        };
         self.latency_ewma_us.store(ewma, Ordering::Relaxed);
         if self.failure_streak.swap(0, Ordering::Relaxed) >= STREAK_BEFORE_RAMP {
             self.ramp_from_ms.store(now_ms, Ordering::Relaxed);
@@ -240,7 +257,10 @@ mod tests {
     fn an_upstream_reporting_no_tokens_left_is_passed_over_while_that_is_fresh() {
         let load = Load::default();
         let mut headers = HeaderMap::new();
-        headers.insert("x-ratelimit-remaining-tokens", http::HeaderValue::from_static("50"));
+        headers.insert(
+            "x-ratelimit-remaining-tokens",
+            http::HeaderValue::from_static("50"),
+        );
         load.observe(&headers, 5_000);
         assert!(!load.fits(&Limits::default(), 100, 6_000));
         assert!(load.fits(&Limits::default(), 100, 5_000 + REMAINING_FRESH_MS));

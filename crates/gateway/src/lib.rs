@@ -159,7 +159,11 @@ fn launch(
     ));
     let mut tasks = vec![clients, admins];
     if let Some(seen) = seen {
-        tasks.push(tokio::spawn(reload::watch_file(live.clone(), seen, watcher)));
+        tasks.push(tokio::spawn(reload::watch_file(
+            live.clone(),
+            seen,
+            watcher,
+        )));
     }
     Running {
         addr,

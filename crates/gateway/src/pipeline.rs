@@ -193,7 +193,12 @@ impl<'a> Call<'a> {
         let plan = router::plan(&runtime, alias, &self.name, self.caller.tenant, operation);
         self.dispatch.continues_cut_streams = alias.continue_cut_streams && self.request.stream;
         let fallbacks: Vec<Candidate> = match self.dispatch.continues_cut_streams {
-            true => plan.candidates.iter().filter(|c| c.accepts_prefill).cloned().collect(),
+            true => plan
+                .candidates
+                .iter()
+                .filter(|c| c.accepts_prefill)
+                .cloned()
+                .collect(),
             false => Vec::new(),
         };
         let deadline = Instant::now() + snapshot.routing.timeouts.total;
@@ -211,10 +216,15 @@ impl<'a> Call<'a> {
                 let continuation = Continuation {
                     dispatch: self.dispatch.clone(),
                     request: self.request.clone(),
-                    fallbacks: fallbacks.into_iter().filter(|c| !c.same_target(&candidate)).collect(),
+                    fallbacks: fallbacks
+                        .into_iter()
+                        .filter(|c| !c.same_target(&candidate))
+                        .collect(),
                     deadline,
                 };
-                Ok(stream_response(relay.continued_by(Box::new(continuation)).into_body()))
+                Ok(stream_response(
+                    relay.continued_by(Box::new(continuation)).into_body(),
+                ))
             }
             Ok((candidate, answer)) => {
                 exchange.backend = Some(candidate.backend);
@@ -278,7 +288,10 @@ fn respond(answer: Answer) -> Response<Body> {
 fn stream_response(body: Body) -> Response<Body> {
     let mut response = Response::new(body);
     let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
     response

@@ -97,7 +97,9 @@ impl ClientRequest {
     pub fn estimated_tokens(&self, operation: Operation) -> u64 {
         let prompt = (self.raw.len() as u64).div_ceil(4);
         match operation {
-            Operation::ChatCompletions => prompt + self.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE),
+            Operation::ChatCompletions => {
+                prompt + self.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE)
+            }
             Operation::Embeddings => prompt,
         }
     }
@@ -163,7 +165,16 @@ impl ClientRequest {
         let fields: Vec<(String, Box<RawValue>)> = self
             .fields
             .iter()
-            .map(|(k, v)| (k.clone(), if k == "messages" { messages.clone() } else { v.clone() }))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    if k == "messages" {
+                        messages.clone()
+                    } else {
+                        v.clone()
+                    },
+                )
+            })
             .collect();
         Some(ClientRequest {
             raw: serialize(&fields, None),
@@ -178,7 +189,14 @@ impl ClientRequest {
 /// A JSON object from raw fields, with one field's value replaced (or added) when asked.
 fn serialize(fields: &[(String, Box<RawValue>)], replace: Option<(&str, &str)>) -> Bytes {
     let extra = replace.map_or(0, |(k, v)| k.len() + v.len() + 4);
-    let mut out = Vec::with_capacity(fields.iter().map(|(k, v)| k.len() + v.get().len() + 4).sum::<usize>() + extra + 2);
+    let mut out = Vec::with_capacity(
+        fields
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum::<usize>()
+            + extra
+            + 2,
+    );
     out.push(b'{');
     let mut replaced = false;
     for (i, (key, value)) in fields.iter().enumerate() {
@@ -235,7 +253,9 @@ mod tests {
 
     #[test]
     fn a_prefill_is_appended_as_the_last_assistant_message() {
-        let req = parse(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#).unwrap();
+        let req =
+            parse(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#)
+                .unwrap();
         let continued = req.with_prefill("Hello \"there\"").unwrap();
         let body: serde_json::Value = serde_json::from_slice(&continued.raw).unwrap();
         assert_eq!(body["messages"][1]["role"], "assistant");

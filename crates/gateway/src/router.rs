@@ -145,7 +145,12 @@ impl Plan {
     /// among those with headroom (all open ones when none has any), then, after a failure, those in
     /// a region not yet tried, then a weighted turn. The shared turn counter makes 3:1 weights an
     /// exact 3:1 split in steady state, with no lock.
-    pub fn choose(&self, open: &[bool], turn: &AtomicU64, fitness: impl Fn(&Candidate) -> Fitness) -> Option<usize> {
+    pub fn choose(
+        &self,
+        open: &[bool],
+        turn: &AtomicU64,
+        fitness: impl Fn(&Candidate) -> Fitness,
+    ) -> Option<usize> {
         let scored: Vec<(usize, &Candidate, Fitness)> = self
             .candidates
             .iter()
@@ -160,7 +165,9 @@ impl Plan {
         let group: Vec<&(usize, &Candidate, Fitness)> = pool()
             .filter(|(_, c, f)| c.priority == priority && (f.fresh_region || !fresh))
             .collect();
-        let share = |c: &Candidate, f: &Fitness| ((f64::from(c.weight) * 1000.0 * f.share).round() as u64).max(1);
+        let share = |c: &Candidate, f: &Fitness| {
+            ((f64::from(c.weight) * 1000.0 * f.share).round() as u64).max(1)
+        };
         let total: u64 = group.iter().map(|(_, c, f)| share(c, f)).sum();
         let mut slot = turn.fetch_add(1, Ordering::Relaxed).wrapping_mul(1000) % total.max(1);
         for (i, candidate, fit) in &group {

@@ -36,7 +36,11 @@ impl Runtime {
         let turns = (0..=snapshot.aliases.len())
             .map(|_| AtomicU64::new(0))
             .collect();
-        let loads = snapshot.backends.iter().map(|_| Arc::new(Load::default())).collect();
+        let loads = snapshot
+            .backends
+            .iter()
+            .map(|_| Arc::new(Load::default()))
+            .collect();
         let fleet = Fleet::new(&snapshot);
         let breakers = Breakers::new(&snapshot, None);
         Runtime {

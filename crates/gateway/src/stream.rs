@@ -306,13 +306,20 @@ impl Relay {
             let event = match (&self.rewrite, kind) {
                 (None, _) => event,
                 (Some(_), EventKind::FilterOnly) => continue,
-                (Some(_), EventKind::Meta) if event_json(&event).is_some_and(|v| v["choices"].as_array().is_some_and(|c| !c.is_empty())) => continue,
+                (Some(_), EventKind::Meta)
+                    if event_json(&event).is_some_and(|v| {
+                        v["choices"].as_array().is_some_and(|c| !c.is_empty())
+                    }) =>
+                {
+                    continue
+                }
                 (Some(identity), _) => match rewritten(&event, identity) {
                     Some(event) => event,
                     None => continue,
                 },
             };
-            if let (Some(transcript), EventKind::Content { .. }) = (self.transcript.as_mut(), kind) {
+            if let (Some(transcript), EventKind::Content { .. }) = (self.transcript.as_mut(), kind)
+            {
                 transcript.record(&event);
             }
             self.ready.push_back(event);
@@ -321,7 +328,11 @@ impl Relay {
     }
 
     /// Reads until the first content event; failures before it are the attempt's failures.
-    pub async fn open(body: Incoming, rules: StreamRules, first_token_by: Instant) -> Result<Relay, Failure> {
+    pub async fn open(
+        body: Incoming,
+        rules: StreamRules,
+        first_token_by: Instant,
+    ) -> Result<Relay, Failure> {
         Self::open_with(body, rules, first_token_by, None).await
     }
 

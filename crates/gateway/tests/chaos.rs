@@ -71,7 +71,10 @@ async fn under_random_faults_every_request_ends_in_success_or_a_contract_error_i
             while Instant::now() < stop_at {
                 let (name, fault) = {
                     let mut rng = rand::rng();
-                    (names[rng.random_range(0..names.len())], random_fault(&mut rng))
+                    (
+                        names[rng.random_range(0..names.len())],
+                        random_fault(&mut rng),
+                    )
                 };
                 h.endpoint(name).set_behavior(fault);
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -90,7 +93,9 @@ async fn under_random_faults_every_request_ends_in_success_or_a_contract_error_i
                 let stream = client % 2 == 0;
                 sent.fetch_add(1, Ordering::Relaxed);
                 let started = Instant::now();
-                let answer = h.post("/v1/chat/completions", chat_body("chat", stream)).await;
+                let answer = h
+                    .post("/v1/chat/completions", chat_body("chat", stream))
+                    .await;
                 answered.fetch_add(1, Ordering::Relaxed);
                 let took = started.elapsed();
                 if took > Duration::from_millis(1500 + 1000) {
@@ -99,7 +104,13 @@ async fn under_random_faults_every_request_ends_in_success_or_a_contract_error_i
                 match answer.status.as_u16() {
                     200 => {
                         if stream && !answer.body.ends_with("data: [DONE]\n\n") {
-                            let last = answer.body.trim_end().lines().last().unwrap_or("").to_owned();
+                            let last = answer
+                                .body
+                                .trim_end()
+                                .lines()
+                                .last()
+                                .unwrap_or("")
+                                .to_owned();
                             if !last.starts_with("data: {\"error\"") {
                                 failures.push(format!("a stream ended silently: {last}"));
                             }
@@ -108,7 +119,10 @@ async fn under_random_faults_every_request_ends_in_success_or_a_contract_error_i
                     _ => {
                         let code = answer.header("x-onedoor-error").to_owned();
                         if !CODES.contains(&code.as_str()) {
-                            failures.push(format!("status {} code {code:?}: {}", answer.status, answer.body));
+                            failures.push(format!(
+                                "status {} code {code:?}: {}",
+                                answer.status, answer.body
+                            ));
                         }
                     }
                 }
@@ -121,8 +135,16 @@ async fn under_random_faults_every_request_ends_in_success_or_a_contract_error_i
         failures.extend(client.await.unwrap());
     }
     chaos.await.unwrap();
-    let (sent, answered) = (sent.load(Ordering::Relaxed), answered.load(Ordering::Relaxed));
+    let (sent, answered) = (
+        sent.load(Ordering::Relaxed),
+        answered.load(Ordering::Relaxed),
+    );
     assert_eq!(sent, answered);
     assert!(sent > 20, "too little load: {sent}");
-    assert!(failures.is_empty(), "{} of {sent} requests misbehaved: {:#?}", failures.len(), &failures[..failures.len().min(10)]);
+    assert!(
+        failures.is_empty(),
+        "{} of {sent} requests misbehaved: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
 }

@@ -466,7 +466,11 @@ async fn a_model_that_sends_headers_and_then_thinks_is_caught_by_the_first_token
     let answer = h
         .post("/v1/chat/completions", chat_body("chat", true))
         .await;
-    assert!(started.elapsed() < Duration::from_millis(300 + 700), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(300 + 700),
+        "took {:?}",
+        started.elapsed()
+    );
     assert_eq!(answer.status, 200);
     assert_eq!(answer.attempts(), "thinker=first_token_timeout,fast=200");
     assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);

@@ -14,7 +14,8 @@ fn chat_with_budget(model: &str, max_tokens: u64) -> serde_json::Value {
 }
 
 #[tokio::test]
-async fn a_ptu_backend_takes_traffic_until_its_headroom_is_gone_then_spills_without_a_429_and_returns() {
+async fn a_ptu_backend_takes_traffic_until_its_headroom_is_gone_then_spills_without_a_429_and_returns(
+) {
     let h = Harness::start(
         vec![
             EndpointSpec::azure("ptu", "swedencentral").deployment(DeploymentSpec::new("gpt-4o").tpm(1000)),
@@ -25,17 +26,31 @@ async fn a_ptu_backend_takes_traffic_until_its_headroom_is_gone_then_spills_with
     .await;
     let mut served_by = Vec::new();
     for _ in 0..12 {
-        let answer = h.post("/v1/chat/completions", chat_with_budget("chat", 100)).await;
+        let answer = h
+            .post("/v1/chat/completions", chat_with_budget("chat", 100))
+            .await;
         assert_eq!(answer.status, 200, "{}", answer.body);
-        assert!(!answer.attempts().contains("429"), "a 429 was met: {}", answer.attempts());
+        assert!(
+            !answer.attempts().contains("429"),
+            "a 429 was met: {}",
+            answer.attempts()
+        );
         served_by.push(answer.header("x-onedoor-backend").to_owned());
     }
     let on_ptu = served_by.iter().take_while(|b| *b == "ptu").count();
-    assert!(on_ptu >= 5, "PTU took too little before spilling: {served_by:?}");
-    assert!(served_by[on_ptu..].iter().all(|b| b == "paygo"), "{served_by:?}");
+    assert!(
+        on_ptu >= 5,
+        "PTU took too little before spilling: {served_by:?}"
+    );
+    assert!(
+        served_by[on_ptu..].iter().all(|b| b == "paygo"),
+        "{served_by:?}"
+    );
     // When the minute has rolled, the PTU capacity is used first again.
     tokio::time::sleep(Duration::from_secs(61)).await;
-    let answer = h.post("/v1/chat/completions", chat_with_budget("chat", 100)).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_with_budget("chat", 100))
+        .await;
     assert_eq!(answer.header("x-onedoor-backend"), "ptu");
 }
 
@@ -94,5 +109,9 @@ async fn a_retry_prefers_a_backend_in_another_region() {
         }
     }
     assert!(h.endpoint("se-a").total_requests() >= 1);
-    assert_eq!(h.endpoint("se-b").total_requests(), 0, "a retry stayed in the failed region");
+    assert_eq!(
+        h.endpoint("se-b").total_requests(),
+        0,
+        "a retry stayed in the failed region"
+    );
 }

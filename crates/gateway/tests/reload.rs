@@ -2,6 +2,8 @@
 //! change) without dropping what is under way, refusing an invalid file, draining backends, and
 //! active health checks taking a backend out of rotation and back.
 
+#![allow(clippy::panic)]
+
 mod common;
 
 use std::future::Future;

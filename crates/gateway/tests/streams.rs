@@ -2,6 +2,8 @@
 //! with an explicit error event, or, on an alias that continues cut streams, finished by another
 //! target from a prefill so the caller receives one whole answer.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;
@@ -43,19 +45,33 @@ fn text(events: &[serde_json::Value]) -> String {
 #[tokio::test]
 async fn a_cut_stream_on_a_continuing_alias_is_finished_by_a_prefill_target_as_one_answer() {
     let h = Harness::start(fleet(3), &config(true)).await;
-    let answer = h.post("/v1/chat/completions", chat_body("chat", true)).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
     assert_eq!(answer.status, 200);
     assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);
     let events = events(&answer.body);
-    assert!(events.iter().all(|e| e.get("error").is_none()), "{}", answer.body);
-    let ids: std::collections::BTreeSet<String> = events.iter().map(|e| e["id"].to_string()).collect();
+    assert!(
+        events.iter().all(|e| e.get("error").is_none()),
+        "{}",
+        answer.body
+    );
+    let ids: std::collections::BTreeSet<String> =
+        events.iter().map(|e| e["id"].to_string()).collect();
     assert_eq!(ids.len(), 1, "one answer, one id: {ids:?}");
-    let finishes = events.iter().filter(|e| !e["choices"][0]["finish_reason"].is_null()).count();
+    let finishes = events
+        .iter()
+        .filter(|e| !e["choices"][0]["finish_reason"].is_null())
+        .count();
     assert_eq!(finishes, 1, "{}", answer.body);
     let text = text(&events);
     assert!(text.starts_with("Hello from first/gpt-4o"), "{text}");
     assert!(text.contains("continued by second/gpt-4o"), "{text}");
-    assert_eq!(text.matches("Hello").count(), 1, "the prefix was sent twice: {text}");
+    assert_eq!(
+        text.matches("Hello").count(),
+        1,
+        "the prefix was sent twice: {text}"
+    );
     assert_eq!(h.endpoint("second").requests("gpt-4o"), 1);
 }
 
@@ -66,20 +82,32 @@ async fn a_fallback_that_rejects_the_prefill_yields_the_original_cut() {
         status: Some(400),
         ..Behavior::default()
     });
-    let answer = h.post("/v1/chat/completions", chat_body("chat", true)).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
     let events = events(&answer.body);
     let last = events.last().unwrap();
     let message = last["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("upstream stream"), "{}", answer.body);
     assert!(!answer.body.contains("[DONE]"));
-    assert_eq!(h.endpoint("second").requests("gpt-4o"), 1, "the fallback was not asked");
+    assert_eq!(
+        h.endpoint("second").requests("gpt-4o"),
+        1,
+        "the fallback was not asked"
+    );
 }
 
 #[tokio::test]
 async fn without_continuation_a_cut_ends_in_an_error_event_and_no_fallback_is_asked() {
     let h = Harness::start(fleet(3), &config(false)).await;
-    let answer = h.post("/v1/chat/completions", chat_body("chat", true)).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
     let events = events(&answer.body);
-    assert!(events.last().unwrap().get("error").is_some(), "{}", answer.body);
+    assert!(
+        events.last().unwrap().get("error").is_some(),
+        "{}",
+        answer.body
+    );
     assert_eq!(h.endpoint("second").total_requests(), 0);
 }
