@@ -60,8 +60,12 @@ def test_curl_examples_work_as_printed(demo):
             status = out.splitlines()[0] if out else ""
             if not status.startswith("HTTP/1.1 200"):
                 return f"status line {status!r}, wanted HTTP/1.1 200"
-        if '"stream":true' in line and "data: [DONE]" not in out:
-            return "the stream did not end with data: [DONE]"
+        if '"stream":true' in line:
+            # A stream ends with [DONE], or (cut upstream, contract rule 4) an explicit error event; never silently.
+            events = [ln[len("data:"):].strip() for ln in out.splitlines() if ln.startswith("data:")]
+            last = events[-1] if events else ""
+            if last != "[DONE]" and '"error"' not in last:
+                return f"the stream ended neither with data: [DONE] nor with an error event (last event {last!r})"
         if "/admin/" in line:
             try:
                 json.loads(out)

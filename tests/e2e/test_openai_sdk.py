@@ -115,6 +115,26 @@ def test_wildcard_discovers_the_one_endpoint_that_serves_a_model(client):
     assert attempts(second) == ["sub3-eastus=200"], (attempts(first), attempts(second))
 
 
+def test_a_stream_cut_midway_raises_in_the_sdk_instead_of_ending_normally(client):
+    stream = client.chat.completions.create(model="chat-flaky", messages=HELLO, stream=True)
+    received = []
+    with pytest.raises(openai.APIError) as raised:
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                received.append(chunk.choices[0].delta.content)
+    assert received, "content arrived before the cut"
+    assert "midway" in str(raised.value) or "ended before" in str(raised.value), raised.value
+
+
+def test_a_continued_stream_gives_one_whole_answer(client):
+    chunks, text = collect(client.chat.completions.create(model="chat-resilient", messages=HELLO, stream=True))
+    assert text.startswith("Hello from sub5-westeurope-flaky/gpt-4o"), text
+    assert "continued by sub2-norwayeast/gpt-4o" in text, text
+    assert len({c.id for c in chunks}) == 1, {c.id for c in chunks}
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"], finishes
+
+
 # --- AzureOpenAI client on /openai/deployments/{alias}/... -----------------------------------
 
 

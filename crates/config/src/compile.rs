@@ -8,7 +8,7 @@ use crate::problems::Problems;
 use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
-use crate::{backends, breakers, models, regions, routing, service, tenants};
+use crate::{backends, breakers, models, realtime, regions, routing, service, tenants};
 
 const SECTIONS: &[&str] = &[
     "listen",
@@ -17,6 +17,7 @@ const SECTIONS: &[&str] = &[
     "state",
     "usage",
     "routing",
+    "realtime",
     "regions",
     "backends",
     "circuit_breakers",
@@ -48,6 +49,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         state: service::state(f.get("state"), p),
         usage: service::usage(f.get("usage"), p),
         routing,
+        realtime: realtime::realtime(f.get("realtime"), p),
         regions,
         backends: backends.list,
         backend_by_name: backends.by_name,

@@ -10,6 +10,7 @@ mod limits;
 mod models;
 mod problems;
 mod read;
+mod realtime;
 mod regions;
 mod routing;
 mod secrets;

@@ -52,6 +52,8 @@ pub struct Snapshot {
     pub state: StateConfig,
     pub usage: UsageConfig,
     pub routing: Routing,
+    /// Realtime WebSocket sessions: idle and maximum durations.
+    pub realtime: Realtime,
     /// Region group name -> region names.
     pub regions: HashMap<String, Vec<String>>,
     pub backends: Vec<Backend>,
@@ -92,21 +94,37 @@ pub struct StateConfig {
     pub store: StoreKind,
     pub redis_url: Option<String>,
     pub on_store_error: OnStoreError,
+    /// Every Redis key starts with `{<key_prefix>:`, so gateways (or test runs) that share one
+    /// Redis but not their limits stay apart. Default `onedoor`.
+    pub key_prefix: String,
 }
 
 #[derive(Debug, Clone)]
 pub struct UsageConfig {
     /// `sqlite://PATH`, `postgres://...`, or `off`, as written.
     pub store: String,
+    /// Where records spill while the store cannot take them; `None`: next to an SQLite file,
+    /// or the working directory for Postgres.
+    pub journal_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Routing {
+    /// Completion tokens reserved against token limits for a request that sets no `max_tokens`.
+    pub default_max_tokens: u64,
     pub max_attempts: u32,
     pub same_target_retries: u32,
     pub max_retry_wait: Duration,
     pub not_served_ttl: Duration,
     pub timeouts: Timeouts,
+}
+
+/// The `realtime` section: a session with no text or binary frame either way for `idle` is
+/// closed, and every session ends after `max_session`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Realtime {
+    pub idle: Duration,
+    pub max_session: Duration,
 }
 
 /// Fully resolved timeouts (a backend's own values override `routing.timeouts`).

@@ -10,6 +10,7 @@ use crate::tree::Node;
 
 pub(crate) fn routing(node: Option<&Node>, p: &mut Problems) -> Routing {
     let known = [
+        "default_max_tokens",
         "max_attempts",
         "same_target_retries",
         "max_retry_wait",
@@ -18,6 +19,7 @@ pub(crate) fn routing(node: Option<&Node>, p: &mut Problems) -> Routing {
     ];
     let f = Fields::open(node, &known, p);
     Routing {
+        default_max_tokens: f.int("default_max_tokens", 1, p).unwrap_or(256),
         max_attempts: f.int32("max_attempts", 1, p).unwrap_or(4),
         same_target_retries: f.int32("same_target_retries", 0, p).unwrap_or(1),
         max_retry_wait: f

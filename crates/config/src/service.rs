@@ -2,6 +2,7 @@
 //! surface, the shared `state` store and the `usage` store.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use crate::model::{Admin, OnStoreError, StateConfig, StoreKind, UsageConfig};
 use crate::problems::Problems;
@@ -12,6 +13,7 @@ pub(crate) const DEFAULT_LISTEN: ([u8; 4], u16) = ([0, 0, 0, 0], 8080);
 pub(crate) const DEFAULT_ADMIN_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 9090);
 pub(crate) const DEFAULT_MAX_REQUEST_BODY: u64 = 32 << 20;
 pub(crate) const DEFAULT_USAGE_STORE: &str = "sqlite://onedoor-usage.db";
+pub(crate) const DEFAULT_KEY_PREFIX: &str = "onedoor";
 
 pub(crate) fn listen(node: Option<&Node>, p: &mut Problems) -> SocketAddr {
     node.and_then(|n| read::addr(n, p))
@@ -53,7 +55,11 @@ pub(crate) fn admin(node: Option<&Node>, client: SocketAddr, p: &mut Problems) -
 }
 
 pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
-    let f = Fields::open(node, &["store", "redis_url", "on_store_error"], p);
+    let f = Fields::open(
+        node,
+        &["store", "redis_url", "on_store_error", "key_prefix"],
+        p,
+    );
     let store_node = f.get("store");
     let store = store_node.and_then(|n| {
         read::choice(
@@ -90,11 +96,34 @@ pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
         store: store.unwrap_or(StoreKind::Memory),
         redis_url,
         on_store_error: on_store_error.unwrap_or(OnStoreError::FailOpen),
+        key_prefix: f
+            .get("key_prefix")
+            .and_then(|n| key_prefix(n, p))
+            .unwrap_or_else(|| DEFAULT_KEY_PREFIX.to_owned()),
+    }
+}
+
+/// A Redis key prefix: it sits inside the `{...}` hash tag, so braces and spaces are out.
+fn key_prefix(node: &Node, p: &mut Problems) -> Option<String> {
+    let text = read::str(node, p)?;
+    let fits = !text.is_empty()
+        && text.len() <= 64
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if fits {
+        Some(text.to_owned())
+    } else {
+        p.at(
+            node.mark,
+            format!("expected 1 to 64 letters, digits, '-', '_', '.' or ':', found {text:?}"),
+        );
+        None
     }
 }
 
 pub(crate) fn usage(node: Option<&Node>, p: &mut Problems) -> UsageConfig {
-    let f = Fields::open(node, &["store"], p);
+    let f = Fields::open(node, &["store", "journal_dir"], p);
     let store = f.get("store").and_then(|n| {
         let store = read::str(n, p)?;
         let path = ["sqlite://", "postgres://", "postgresql://"]
@@ -113,8 +142,10 @@ pub(crate) fn usage(node: Option<&Node>, p: &mut Problems) -> UsageConfig {
             }
         }
     });
+    let journal_dir = f.get("journal_dir").and_then(|n| read::str(n, p));
     UsageConfig {
         store: store.unwrap_or_else(|| DEFAULT_USAGE_STORE.to_owned()),
+        journal_dir: journal_dir.map(PathBuf::from),
     }
 }
 
@@ -177,8 +208,28 @@ mod tests {
     }
 
     #[test]
+    fn the_redis_key_prefix_defaults_to_onedoor_and_keeps_out_of_the_hash_tag() {
+        assert_eq!(compile("listen: 127.0.0.1:1").state.key_prefix, "onedoor");
+        let s = compile("state: { key_prefix: \"test-41.a\" }");
+        assert_eq!(s.state.key_prefix, "test-41.a");
+        assert_eq!(
+            problems("state: { key_prefix: \"a}b\" }\nrouting: { default_max_tokens: 0 }\n"),
+            [
+                "1:22: expected 1 to 64 letters, digits, '-', '_', '.' or ':', found \"a}b\"",
+                "2:31: must be at least 1",
+            ]
+        );
+    }
+
+    #[test]
     fn usage_stores_are_sqlite_postgres_or_off_and_never_quoted() {
         assert_eq!(compile("usage: { store: off }").usage.store, "off");
+        assert_eq!(
+            compile("usage: { store: off, journal_dir: /var/spool/onedoor }")
+                .usage
+                .journal_dir,
+            Some("/var/spool/onedoor".into())
+        );
         assert_eq!(
             compile("usage: { store: \"postgresql://u@h/db\" }")
                 .usage

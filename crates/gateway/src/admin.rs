@@ -1,12 +1,13 @@
 //! The admin API on its own port, behind the admin bearer token: backends with their learned
-//! state (not-served deployments, cooldowns, drained, health), drains and config reloads.
+//! state (not-served deployments, cooldowns, drained, health), tenants' usage against their
+//! limits, drains and config reloads.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use onedoor_state::now_ms;
+use onedoor_state::{now_ms, MeterKey, State};
 use sha2::{Digest, Sha256};
 
 use crate::auth::presented_key;
@@ -27,7 +28,11 @@ pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Bod
         );
     }
     match (request.method().as_str(), path) {
-        ("GET", "/admin/backends") => answer(StatusCode::OK, backends(&runtime).to_string()),
+        ("GET", "/admin/backends") => answer(StatusCode::OK, backends(&runtime).await.to_string()),
+        ("GET", "/admin/tenants") => answer(
+            StatusCode::OK,
+            crate::admission::usage_view(&runtime).await.to_string(),
+        ),
         ("POST", "/admin/reload") => reload(&live).await,
         ("POST", p) if p.ends_with("/drain") || p.ends_with("/undrain") => drain(&runtime, p),
         _ => answer(
@@ -58,23 +63,37 @@ fn answer(status: StatusCode, body: String) -> Response<Body> {
     response
 }
 
-fn backends(runtime: &Runtime) -> serde_json::Value {
+async fn backends(runtime: &Runtime) -> serde_json::Value {
     let now = now_ms();
-    let not_served = runtime.state.not_served(now);
-    let cooldowns = runtime.state.cooldowns(now);
+    let not_served = runtime.state.not_served().await.unwrap_or_default();
+    let cooldowns = runtime.state.cooldowns().await.unwrap_or_default();
     let entries = |list: &[onedoor_state::Entry], name: &str| -> Vec<serde_json::Value> {
         list.iter()
             .filter(|e| e.key.backend == name)
-            .map(|e| serde_json::json!({"deployment": e.key.deployment, "expires_in_ms": e.until_ms.saturating_sub(now)}))
+            .map(|e| serde_json::json!({"deployment": e.key.deployment, "expires_in_ms": e.remaining_ms}))
             .collect()
     };
-    let list: Vec<serde_json::Value> = runtime
-        .snapshot
-        .backends
+    let backends = &runtime.snapshot.backends;
+    let metered: Vec<usize> = (0..backends.len())
+        .filter(|&i| runtime.load(i).is_some_and(|l| l.metered()))
+        .collect();
+    let keys: Vec<MeterKey> = metered
         .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let load = runtime.load(i).map(|l| l.view(&b.limits, now));
+        .filter_map(|&i| backends.get(i))
+        .map(|b| MeterKey::backend(&b.name))
+        .collect();
+    let usage = runtime.state.usage(&keys).await.unwrap_or_default();
+    let shared = |i: usize| {
+        metered
+            .iter()
+            .position(|&m| m == i)
+            .and_then(|k| usage.get(k).copied())
+    };
+    let mut list = Vec::with_capacity(backends.len());
+    for (i, b) in backends.iter().enumerate() {
+        let breaker = breaker(runtime, i, now).await;
+        list.push({
+            let load = runtime.load(i).map(|l| l.view(&b.limits, shared(i), now));
             let flags = runtime.fleet.get(i);
             serde_json::json!({
                 "name": b.name,
@@ -87,16 +106,16 @@ fn backends(runtime: &Runtime) -> serde_json::Value {
                 "drained": flags.is_some_and(|f| f.drained()),
                 "healthy": flags.is_none_or(|f| f.healthy()),
                 "last_check": flags.and_then(|f| f.last_check()).map(|c| c.view(now)),
-                "breaker": breaker(runtime, i, now),
+                "breaker": breaker,
             })
-        })
-        .collect();
+        });
+    }
     serde_json::json!({ "backends": list })
 }
 
 /// A backend's circuit breaker; one without `circuit_breaker:` is always closed.
-fn breaker(runtime: &Runtime, backend: usize, now: u64) -> serde_json::Value {
-    match runtime.breakers.view(backend, now) {
+async fn breaker(runtime: &Runtime, backend: usize, now: u64) -> serde_json::Value {
+    match runtime.breakers.view(backend, now).await {
         Some(view) => serde_json::json!({
             "state": view.state.as_str(),
             "policy": view.policy,

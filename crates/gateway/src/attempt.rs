@@ -10,24 +10,27 @@ use bytes::Bytes;
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use onedoor_state::now_ms;
-use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::affinity::ResponsePin;
 use crate::breaker::{Admission, Observed};
-use crate::provider;
+use crate::provider::{self, Unsendable};
 use crate::request::{ClientRequest, Operation};
 use crate::router::Candidate;
 use crate::runtime::Runtime;
 use crate::stream::{Continuer, Identity, Relay, StreamRules};
 use crate::surface::Dialect;
 use crate::upstream::{self, Failure};
+use crate::usage::{Usage, UsageSource};
 
-/// A successful attempt's answer, ready to be sent.
+/// A successful attempt's answer, ready to be sent: in the OpenAI shape, whatever the upstream
+/// spoke.
 pub enum Answer {
     Whole {
         status: StatusCode,
         content_type: Option<HeaderValue>,
         body: Bytes,
+        usage: Usage,
     },
     Stream(Box<Relay>),
 }
@@ -69,7 +72,12 @@ impl Dispatch {
             self.operation,
             request,
         )
-        .map_err(|e| Failure::ConnectError(e.to_string()))?;
+        .map_err(|e| match e {
+            Unsendable::Invalid(message) => provider::refusal(&message),
+            other => Failure::ConnectError(other.to_string()),
+        })?;
+        let pin = (self.operation == Operation::Responses)
+            .then(|| ResponsePin::new(runtime.state.clone(), &backend.name));
         let now = Instant::now();
         let deadline = deadline.min(now + backend.timeouts.total);
         let first_token_by = now + backend.timeouts.first_token;
@@ -81,7 +89,7 @@ impl Dispatch {
             Err(Failure::Status { headers, .. }) => load.observe(headers, now_ms()),
             Err(_) => {}
         }
-        let response = sent?;
+        let response = sent.map_err(|failure| provider::failure(backend, failure))?;
         let status = response.status();
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
         let is_stream = content_type
@@ -92,15 +100,17 @@ impl Dispatch {
             let rules = StreamRules {
                 idle: backend.timeouts.idle,
                 deadline,
-                drop_filter_chunks: self.dialect == Dialect::OpenAi,
+                drop_filter_chunks: self.dialect != Dialect::Azure,
                 track_transcript: self.continues_cut_streams,
             };
             let body = response.into_body();
+            let translator = provider::events(backend, self.operation, request, unix_now(), pin);
             let relay = match continuing {
                 Some(identity) => {
-                    Relay::open_continuing(body, rules, first_token_by, identity).await?
+                    Relay::open_continuing(body, rules, first_token_by, identity, translator)
+                        .await?
                 }
-                None => Relay::open(body, rules, first_token_by).await?,
+                None => Relay::open(body, rules, first_token_by, translator).await?,
             };
             load.succeeded(now.elapsed(), now_ms());
             return Ok(Answer::Stream(Box::new(relay.holding(in_flight))));
@@ -111,39 +121,30 @@ impl Dispatch {
             Ok(Ok(collected)) => collected.to_bytes(),
         };
         load.succeeded(now.elapsed(), now_ms());
-        if let Some(tokens) = measured_tokens(&body) {
-            in_flight.settle(tokens, now_ms());
+        let translated = backend.provider == onedoor_config::Provider::Anthropic;
+        let (body, usage) = provider::answer(backend, self.operation, request, body, unix_now());
+        if usage.source == UsageSource::Measured {
+            in_flight.settle(usage.total_tokens(), now_ms());
         }
+        if let Some(pin) = pin {
+            pin.remember_body(&body).await;
+        }
+        let content_type = match translated {
+            true => Some(HeaderValue::from_static("application/json")),
+            false => content_type,
+        };
         Ok(Answer::Whole {
             status,
             content_type,
             body,
+            usage,
         })
     }
 }
 
-#[derive(Deserialize)]
-struct UsageProbe {
-    #[serde(default)]
-    usage: Option<Usage>,
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(default)]
-    total_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-}
-
-/// The total tokens an upstream answer says it used.
-pub fn measured_tokens(body: &[u8]) -> Option<u64> {
-    let usage = serde_json::from_slice::<UsageProbe>(body).ok()?.usage?;
-    usage
-        .total_tokens
-        .or_else(|| Some(usage.prompt_tokens? + usage.completion_tokens.unwrap_or(0)))
+/// Seconds since the Unix epoch, for the `created` of translated answers.
+fn unix_now() -> u64 {
+    now_ms() / 1000
 }
 
 /// The targets that may continue a cut stream: those that accept prefill, other than the one
@@ -161,7 +162,7 @@ impl Continuation {
         while !self.fallbacks.is_empty() {
             let candidate = self.fallbacks.remove(0);
             let breakers = &self.dispatch.runtime.breakers;
-            let probe = match breakers.admit(candidate.backend, now_ms()) {
+            let probe = match breakers.admit(candidate.backend, now_ms()).await {
                 Admission::Open { .. } => continue,
                 Admission::Closed => None,
                 Admission::Probe(permit) => Some(permit),
@@ -175,8 +176,8 @@ impl Continuation {
                 Err(failure) => Observed::of(failure),
             };
             match probe {
-                Some(permit) => permit.settle(&observed, now_ms()),
-                None => breakers.record(candidate.backend, &observed, now_ms()),
+                Some(permit) => permit.settle(&observed, now_ms()).await,
+                None => breakers.record(candidate.backend, &observed, now_ms()).await,
             }
             match result {
                 Ok(Answer::Stream(relay)) => return Some(*relay),

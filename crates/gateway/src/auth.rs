@@ -41,6 +41,12 @@ pub fn authenticate<'a>(
     headers: &HeaderMap,
 ) -> Result<Caller<'a>, GatewayError> {
     let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
+    caller_of(snapshot, key)
+}
+
+/// The caller a client key belongs to, wherever it was presented (a header, or the realtime
+/// `openai-insecure-api-key.` subprotocol of browsers that cannot set headers).
+pub fn caller_of<'a>(snapshot: &'a Snapshot, key: &str) -> Result<Caller<'a>, GatewayError> {
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
     let (tenant_id, key_index) = snapshot
         .keys_by_hash

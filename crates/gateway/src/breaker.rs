@@ -1,16 +1,20 @@
 //! Circuit breakers (contract section 2, `circuit_breakers`): one per backend that names a policy.
 //! Failures a rule counts, within its window, trip the breaker open for the rule's `trip`; after
 //! that it is half-open and lets one probe through at a time, which closes it or re-opens it with
-//! backoff. Kept in memory per instance; [`Breakers`] is the seam a shared store will sit behind.
+//! backoff. Each instance counts the failures it sees; the breaker's phase is a record in the
+//! state store (`onedoor_state`), so a breaker tripped on one instance is open on all of them and
+//! one probe goes out for the whole fleet. The phase last seen is kept here, so a closed breaker
+//! costs no store call.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use onedoor_config::{
     BackendId, BreakerPolicy, BreakerRule, FailureKind, FailureThreshold, Snapshot,
 };
+use onedoor_state::{BreakerPhase, Claim, State, Store};
+use sha2::{Digest, Sha256};
 
 use crate::outcome::retry_after;
 use crate::upstream::Failure;
@@ -18,8 +22,9 @@ use crate::upstream::Failure;
 /// How long other requests leave a half-open backend alone while its probe is in flight (the
 /// probe has no known end; this is when asking again makes sense).
 const PROBE_PENDING_MS: u64 = 1000;
-/// A re-open never lasts longer than this many times the rule's `trip`.
-const MAX_BACKOFF: u32 = 10;
+/// A probe's hold on a half-open breaker ends after this even if its instance never says how it
+/// went (it died): then another may probe.
+const PROBE_LEASE_MS: u64 = 60_000;
 /// Percent rules remember at most this many recent outcomes (or `min_requests`, when larger).
 const MAX_EVENTS: usize = 4096;
 
@@ -82,17 +87,13 @@ fn millis(d: Duration) -> u64 {
 }
 
 /// How long `rule` keeps the breaker open after `outcome`: exactly the upstream's Retry-After
-/// when the rule accepts it, else its `trip`, doubled for each consecutive re-open up to
-/// [`MAX_BACKOFF`] times.
-fn open_for(rule: &BreakerRule, outcome: &Observed, reopens: u32) -> Duration {
-    if let Some(wait) = outcome.retry_after().filter(|_| rule.accept_retry_after) {
-        return wait;
+/// when the rule accepts it (`true`), else its `trip`, which the store doubles for each
+/// consecutive re-open up to ten times.
+fn open_for(rule: &BreakerRule, outcome: &Observed) -> (u64, bool) {
+    match outcome.retry_after().filter(|_| rule.accept_retry_after) {
+        Some(wait) => (millis(wait), true),
+        None => (millis(rule.trip), false),
     }
-    let factor = 1u32
-        .checked_shl(reopens)
-        .unwrap_or(u32::MAX)
-        .min(MAX_BACKOFF);
-    rule.trip.saturating_mul(factor)
 }
 
 /// One rule's recent outcomes, bounded by its `within` (and a count, so memory stays fixed).
@@ -139,163 +140,117 @@ impl Window {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
-    Closed,
-    Open {
-        until_ms: u64,
-    },
-    /// The trip is over; `probing` while the one probe allowed is in flight.
-    HalfOpen {
-        probing: bool,
-    },
+/// The phase last seen (from a routing view, or this instance's own call), at `at_ms`.
+#[derive(Debug, Clone, Copy, Default)]
+struct Known {
+    phase: BreakerPhase,
+    at_ms: u64,
 }
 
-#[derive(Debug)]
-struct Inner {
-    phase: Phase,
-    /// One per rule of the policy, same order.
-    windows: Vec<Window>,
-    /// Failed probes since the breaker last closed: each re-open doubles the trip.
-    reopens: u32,
+impl Known {
+    fn blocked_until(&self, now: u64) -> Option<u64> {
+        match self.phase {
+            BreakerPhase::Open { remaining_ms } if now < self.at_ms + remaining_ms => {
+                Some(self.at_ms + remaining_ms)
+            }
+            BreakerPhase::HalfOpen { probing: true } if now < self.at_ms + PROBE_PENDING_MS => {
+                Some(self.at_ms + PROBE_PENDING_MS)
+            }
+            _ => None,
+        }
+    }
 }
 
 /// The breaker of one backend.
 #[derive(Debug)]
 pub struct Breaker {
     backend: String,
+    /// Its record in the store: the backend and its policy, so a changed policy starts closed.
+    id: String,
     policy: BreakerPolicy,
-    inner: Mutex<Inner>,
-    trips: AtomicU64,
+    /// One per rule of the policy, same order; this instance's own observations.
+    windows: Mutex<Vec<Window>>,
+    known: Mutex<Known>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Breaker {
     fn new(backend: &str, policy: BreakerPolicy) -> Self {
+        let digest = Sha256::digest(format!("{policy:?}").as_bytes());
         let windows = policy.rules.iter().map(|_| Window::default()).collect();
         Breaker {
             backend: backend.to_owned(),
+            id: format!("{backend}#{}", hex::encode(&digest[..6])),
             policy,
-            inner: Mutex::new(Inner {
-                phase: Phase::Closed,
-                windows,
-                reopens: 0,
-            }),
-            trips: AtomicU64::new(0),
+            windows: Mutex::new(windows),
+            known: Mutex::new(Known::default()),
         }
     }
 
-    /// The critical sections are a few comparisons and never panic; a poisoned lock still holds
-    /// consistent state.
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn blocked_until(&self, now: u64) -> Option<u64> {
-        match self.lock().phase {
-            Phase::Open { until_ms } if now < until_ms => Some(until_ms),
-            Phase::HalfOpen { probing: true } => Some(now + PROBE_PENDING_MS),
-            Phase::Closed | Phase::Open { .. } | Phase::HalfOpen { probing: false } => None,
+    /// Takes in the phase the store reports; leaving closed forgets the failures counted so far.
+    fn learn(&self, phase: BreakerPhase, now: u64) {
+        let mut known = lock(&self.known);
+        if known.phase == BreakerPhase::Closed && phase != BreakerPhase::Closed {
+            lock(&self.windows).iter_mut().for_each(Window::clear);
         }
+        *known = Known { phase, at_ms: now };
     }
 
-    fn admit(self: &Arc<Self>, backend: BackendId, now: u64) -> Admission {
-        let mut inner = self.lock();
-        match inner.phase {
-            Phase::Closed => Admission::Closed,
-            Phase::Open { until_ms } if now < until_ms => Admission::Open { until_ms },
-            Phase::HalfOpen { probing: true } => Admission::Open {
-                until_ms: now + PROBE_PENDING_MS,
-            },
-            Phase::Open { .. } | Phase::HalfOpen { probing: false } => {
-                inner.phase = Phase::HalfOpen { probing: true };
-                drop(inner);
-                tracing::info!(backend = %self.backend, "circuit breaker half-open: one probe admitted");
-                Admission::Probe(ProbePermit {
-                    backend,
-                    breaker: self.clone(),
-                    settled: false,
-                })
-            }
-        }
+    fn known(&self) -> Known {
+        *lock(&self.known)
     }
 
-    fn record(&self, outcome: &Observed, now: u64) {
-        let mut inner = self.lock();
+    /// Counts `outcome` in this instance's windows; a rule whose threshold it meets trips the
+    /// shared record.
+    async fn record(&self, store: &Store, outcome: &Observed, now: u64) {
         // Open or half-open: a late answer to a request sent before the trip says nothing new.
-        if inner.phase != Phase::Closed {
+        if self.known().phase != BreakerPhase::Closed {
             return;
         }
-        let tripped = self
-            .policy
-            .rules
-            .iter()
-            .zip(inner.windows.iter_mut())
-            .find_map(|(rule, window)| {
-                window
-                    .push(rule, now, counts(rule, outcome))
-                    .then_some(rule)
-            });
-        if let Some(rule) = tripped {
-            let wait = open_for(rule, outcome, 0);
-            self.open(&mut inner, now, wait);
-            drop(inner);
-            tracing::warn!(backend = %self.backend, rule = %rule.name, trip_ms = millis(wait), "circuit breaker tripped");
-        }
+        let tripped = {
+            let mut windows = lock(&self.windows);
+            let tripped = self
+                .policy
+                .rules
+                .iter()
+                .zip(windows.iter_mut())
+                .find_map(|(rule, window)| {
+                    window
+                        .push(rule, now, counts(rule, outcome))
+                        .then_some(rule)
+                });
+            if tripped.is_some() {
+                windows.iter_mut().for_each(Window::clear);
+            }
+            tripped
+        };
+        let Some(rule) = tripped else {
+            return;
+        };
+        let (wait, _) = open_for(rule, outcome);
+        let record = store.trip(&self.id, wait).await;
+        self.learn(record.phase, now);
+        tracing::warn!(backend = %self.backend, rule = %rule.name, trip_ms = wait, "circuit breaker tripped");
     }
 
     /// The probe's outcome: a failure some rule counts re-opens with backoff, anything else closes.
-    fn settle(&self, outcome: &Observed, now: u64) {
-        let mut inner = self.lock();
-        if inner.phase != (Phase::HalfOpen { probing: true }) {
-            return;
-        }
+    async fn settle(&self, store: &Store, outcome: &Observed, now: u64) {
         match self.policy.rules.iter().find(|rule| counts(rule, outcome)) {
             Some(rule) => {
-                inner.reopens = inner.reopens.saturating_add(1);
-                let wait = open_for(rule, outcome, inner.reopens);
-                self.open(&mut inner, now, wait);
-                drop(inner);
-                tracing::warn!(backend = %self.backend, rule = %rule.name, trip_ms = millis(wait), "circuit breaker probe failed: re-opened");
+                let (base, exact) = open_for(rule, outcome);
+                let record = store.reopen(&self.id, base, exact).await;
+                self.learn(record.phase, now);
+                tracing::warn!(backend = %self.backend, rule = %rule.name, reopens = record.reopens, "circuit breaker probe failed: re-opened");
             }
             None => {
-                inner.phase = Phase::Closed;
-                inner.reopens = 0;
-                inner.windows.iter_mut().for_each(Window::clear);
-                drop(inner);
+                store.close(&self.id).await;
+                lock(&self.windows).iter_mut().for_each(Window::clear);
+                self.learn(BreakerPhase::Closed, now);
                 tracing::info!(backend = %self.backend, "circuit breaker probe succeeded: closed");
             }
-        }
-    }
-
-    fn open(&self, inner: &mut Inner, now: u64, wait: Duration) {
-        inner.phase = Phase::Open {
-            until_ms: now.saturating_add(millis(wait)),
-        };
-        inner.windows.iter_mut().for_each(Window::clear);
-        self.trips.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A probe that was never sent: the next request may probe.
-    fn release(&self) {
-        let mut inner = self.lock();
-        if inner.phase == (Phase::HalfOpen { probing: true }) {
-            inner.phase = Phase::HalfOpen { probing: false };
-        }
-    }
-
-    fn view(&self, now: u64) -> View {
-        let (state, next_probe_in_ms) = match self.lock().phase {
-            Phase::Closed => (BreakerState::Closed, None),
-            Phase::Open { until_ms } if now < until_ms => {
-                (BreakerState::Open, Some(until_ms - now))
-            }
-            Phase::Open { .. } | Phase::HalfOpen { .. } => (BreakerState::HalfOpen, Some(0)),
-        };
-        View {
-            policy: self.policy.name.clone(),
-            state,
-            next_probe_in_ms,
-            trips: self.trips.load(Ordering::Relaxed),
         }
     }
 }
@@ -317,6 +272,7 @@ pub enum Admission {
 pub struct ProbePermit {
     backend: BackendId,
     breaker: Arc<Breaker>,
+    store: Arc<Store>,
     settled: bool,
 }
 
@@ -325,16 +281,16 @@ impl ProbePermit {
         self.backend
     }
 
-    pub fn settle(mut self, outcome: &Observed, now: u64) {
+    pub async fn settle(mut self, outcome: &Observed, now: u64) {
         self.settled = true;
-        self.breaker.settle(outcome, now);
+        self.breaker.settle(&self.store, outcome, now).await;
     }
 }
 
 impl Drop for ProbePermit {
     fn drop(&mut self) {
         if !self.settled {
-            self.breaker.release();
+            self.store.release_probe_detached(self.breaker.id.clone());
         }
     }
 }
@@ -369,15 +325,15 @@ pub struct View {
 
 /// Every backend's breaker, by backend index. A backend without `circuit_breaker:` has none and
 /// is always closed.
-#[derive(Debug, Default)]
 pub struct Breakers {
     by_backend: Vec<Option<Arc<Breaker>>>,
+    store: Arc<Store>,
 }
 
 impl Breakers {
     /// The breakers of `snapshot`'s backends. On reload pass the running ones as `previous`: a
-    /// backend whose name and policy are unchanged keeps its breaker, state and counters.
-    pub fn new(snapshot: &Snapshot, previous: Option<&Breakers>) -> Self {
+    /// backend whose name and policy are unchanged keeps its breaker and counted failures.
+    pub fn new(snapshot: &Snapshot, previous: Option<&Breakers>, store: Arc<Store>) -> Self {
         let by_backend = snapshot
             .backends
             .iter()
@@ -394,7 +350,7 @@ impl Breakers {
                 })
             })
             .collect();
-        Breakers { by_backend }
+        Breakers { by_backend, store }
     }
 
     fn named(&self, name: &str) -> Option<&Arc<Breaker>> {
@@ -405,34 +361,99 @@ impl Breakers {
         self.by_backend.get(backend).and_then(Option::as_ref)
     }
 
+    /// The store record of `backend`'s breaker, for the routing view to read.
+    pub fn record_id(&self, backend: BackendId) -> Option<&str> {
+        self.get(backend).map(|b| b.id.as_str())
+    }
+
+    /// Takes in the phase a routing view read for `backend`.
+    pub fn learn(&self, backend: BackendId, phase: BreakerPhase, now: u64) {
+        if let Some(breaker) = self.get(backend) {
+            breaker.learn(phase, now);
+        }
+    }
+
     /// When `backend` may be asked again, if its breaker keeps requests out now. A half-open
     /// breaker whose probe is free does not: the request that gets to it first probes.
     pub fn blocked_until(&self, backend: BackendId, now: u64) -> Option<u64> {
-        self.get(backend)?.blocked_until(now)
+        self.get(backend)?.known().blocked_until(now)
     }
 
-    /// Asks right before an attempt; a half-open breaker hands its probe to the first asker.
-    pub fn admit(&self, backend: BackendId, now: u64) -> Admission {
-        match self.get(backend) {
-            Some(breaker) => breaker.admit(backend, now),
-            None => Admission::Closed,
+    /// Asks right before an attempt; a half-open breaker hands its probe to the first asker in
+    /// the fleet. A closed one costs no store call.
+    pub async fn admit(&self, backend: BackendId, now: u64) -> Admission {
+        let Some(breaker) = self.get(backend) else {
+            return Admission::Closed;
+        };
+        let known = breaker.known();
+        if known.phase == BreakerPhase::Closed {
+            return Admission::Closed;
+        }
+        if let Some(until_ms) = known.blocked_until(now) {
+            return Admission::Open { until_ms };
+        }
+        match self.store.claim_probe(&breaker.id, PROBE_LEASE_MS).await {
+            Claim::Closed => {
+                breaker.learn(BreakerPhase::Closed, now);
+                Admission::Closed
+            }
+            Claim::Probe => {
+                breaker.learn(BreakerPhase::HalfOpen { probing: true }, now);
+                tracing::info!(backend = %breaker.backend, "circuit breaker half-open: one probe admitted");
+                Admission::Probe(ProbePermit {
+                    backend,
+                    breaker: breaker.clone(),
+                    store: self.store.clone(),
+                    settled: false,
+                })
+            }
+            Claim::Open { remaining_ms } => {
+                breaker.learn(BreakerPhase::Open { remaining_ms }, now);
+                Admission::Open {
+                    until_ms: now + remaining_ms,
+                }
+            }
+            Claim::Busy => {
+                breaker.learn(BreakerPhase::HalfOpen { probing: true }, now);
+                Admission::Open {
+                    until_ms: now + PROBE_PENDING_MS,
+                }
+            }
         }
     }
 
     /// The outcome of an attempt that was not a probe (probes settle their permit instead).
-    pub fn record(&self, backend: BackendId, outcome: &Observed, now: u64) {
+    pub async fn record(&self, backend: BackendId, outcome: &Observed, now: u64) {
         if let Some(breaker) = self.get(backend) {
-            breaker.record(outcome, now);
+            breaker.record(&self.store, outcome, now).await;
         }
     }
 
-    pub fn view(&self, backend: BackendId, now: u64) -> Option<View> {
-        self.get(backend).map(|b| b.view(now))
+    /// The breaker as the store has it now.
+    pub async fn view(&self, backend: BackendId, now: u64) -> Option<View> {
+        let breaker = self.get(backend)?;
+        let record = self.store.breaker(&breaker.id).await.unwrap_or_default();
+        breaker.learn(record.phase, now);
+        let (state, next_probe_in_ms) = match record.phase {
+            BreakerPhase::Closed => (BreakerState::Closed, None),
+            BreakerPhase::Open { remaining_ms } => (BreakerState::Open, Some(remaining_ms)),
+            BreakerPhase::HalfOpen { .. } => (BreakerState::HalfOpen, Some(0)),
+        };
+        Some(View {
+            policy: breaker.policy.name.clone(),
+            state,
+            next_probe_in_ms,
+            trips: record.trips,
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use onedoor_state::MemoryState;
+
     use super::*;
 
     fn rule(threshold: FailureThreshold, status: Vec<FailureKind>, trip_ms: u64) -> BreakerRule {
@@ -446,14 +467,53 @@ mod tests {
         }
     }
 
-    fn breaker(rules: Vec<BreakerRule>) -> Arc<Breaker> {
-        Arc::new(Breaker::new(
-            "b",
-            BreakerPolicy {
+    /// One backend's breaker (index 0) over a memory store whose clock the test moves.
+    struct Rig {
+        breakers: Breakers,
+        clock: Arc<AtomicU64>,
+    }
+
+    impl Rig {
+        fn new(rules: Vec<BreakerRule>) -> Self {
+            let clock = Arc::new(AtomicU64::new(0));
+            let store = Arc::new(Store::Memory(MemoryState::with_clock(clock.clone())));
+            Rig::on(store, clock, rules)
+        }
+
+        fn on(store: Arc<Store>, clock: Arc<AtomicU64>, rules: Vec<BreakerRule>) -> Self {
+            let policy = BreakerPolicy {
                 name: "p".into(),
                 rules,
-            },
-        ))
+            };
+            Rig {
+                breakers: Breakers {
+                    by_backend: vec![Some(Arc::new(Breaker::new("b", policy)))],
+                    store,
+                },
+                clock,
+            }
+        }
+
+        fn at(&self, now: u64) -> u64 {
+            self.clock.store(now, Ordering::Relaxed);
+            now
+        }
+
+        async fn record(&self, now: u64, outcome: Observed) {
+            let now = self.at(now);
+            self.breakers.record(0, &outcome, now).await;
+        }
+
+        async fn admit(&self, now: u64) -> Admission {
+            let now = self.at(now);
+            self.breakers.admit(0, now).await
+        }
+
+        async fn state(&self, now: u64) -> (BreakerState, Option<u64>) {
+            let now = self.at(now);
+            let view = self.breakers.view(0, now).await.unwrap();
+            (view.state, view.next_probe_in_ms)
+        }
     }
 
     const SERVER_ERRORS: FailureKind = FailureKind::Status { from: 500, to: 599 };
@@ -465,174 +525,179 @@ mod tests {
         }
     }
 
-    fn state(b: &Breaker, now: u64) -> (BreakerState, Option<u64>) {
-        let view = b.view(now);
-        (view.state, view.next_probe_in_ms)
-    }
-
-    #[test]
-    fn a_count_rule_trips_on_the_nth_counted_failure_within_its_window() {
-        let b = breaker(vec![rule(
+    #[tokio::test]
+    async fn a_count_rule_trips_on_the_nth_counted_failure_within_its_window() {
+        let b = Rig::new(vec![rule(
             FailureThreshold::Count(3),
             vec![SERVER_ERRORS, FailureKind::ConnectError],
             1000,
         )]);
-        b.record(&status(500), 0);
-        b.record(&Observed::Success, 1);
-        b.record(&status(400), 2);
-        b.record(&status(404), 3);
-        b.record(&Observed::Timeout, 4);
-        b.record(&Observed::ConnectError, 30_000);
-        assert_eq!(state(&b, 30_001), (BreakerState::Closed, None));
+        b.record(0, status(500)).await;
+        b.record(1, Observed::Success).await;
+        b.record(2, status(400)).await;
+        b.record(3, status(404)).await;
+        b.record(4, Observed::Timeout).await;
+        b.record(30_000, Observed::ConnectError).await;
+        assert_eq!(b.state(30_001).await, (BreakerState::Closed, None));
         // The first failure has left the 60 s window by now: two again.
-        b.record(&status(503), 60_001);
-        assert_eq!(state(&b, 60_002), (BreakerState::Closed, None));
-        b.record(&status(502), 60_010);
-        assert_eq!(state(&b, 60_010), (BreakerState::Open, Some(1000)));
-        assert_eq!(b.view(0).trips, 1);
+        b.record(60_001, status(503)).await;
+        assert_eq!(b.state(60_002).await, (BreakerState::Closed, None));
+        b.record(60_010, status(502)).await;
+        assert_eq!(b.state(60_010).await, (BreakerState::Open, Some(1000)));
+        assert_eq!(b.breakers.view(0, b.at(60_010)).await.unwrap().trips, 1);
         assert!(matches!(
-            b.admit(0, 60_500),
+            b.admit(60_500).await,
             Admission::Open { until_ms: 61_010 }
         ));
     }
 
-    #[test]
-    fn a_percent_rule_waits_for_min_requests_then_compares_the_share() {
-        let b = breaker(vec![rule(
-            FailureThreshold::Percent {
-                percent: 50.0,
-                min_requests: 4,
-            },
-            vec![SERVER_ERRORS],
-            1000,
-        )]);
-        b.record(&status(500), 0);
-        b.record(&status(500), 1);
-        b.record(&status(500), 2);
-        assert_eq!(state(&b, 3).0, BreakerState::Closed, "under min_requests");
+    #[tokio::test]
+    async fn a_percent_rule_waits_for_min_requests_then_compares_the_share() {
+        let percent = || {
+            rule(
+                FailureThreshold::Percent {
+                    percent: 50.0,
+                    min_requests: 4,
+                },
+                vec![SERVER_ERRORS],
+                1000,
+            )
+        };
+        let b = Rig::new(vec![percent()]);
+        b.record(0, status(500)).await;
+        b.record(1, status(500)).await;
+        b.record(2, status(500)).await;
+        assert_eq!(b.state(3).await.0, BreakerState::Closed, "under min_requests");
         // 3 of 4 failed once the success counts in the denominator.
-        b.record(&Observed::Success, 3);
-        assert_eq!(
-            state(&b, 4).0,
-            BreakerState::Closed,
-            "a success never trips"
-        );
-        b.record(&status(500), 5);
-        assert_eq!(state(&b, 6).0, BreakerState::Open);
+        b.record(3, Observed::Success).await;
+        assert_eq!(b.state(4).await.0, BreakerState::Closed, "a success never trips");
+        b.record(5, status(500)).await;
+        assert_eq!(b.state(6).await.0, BreakerState::Open);
 
-        let b = breaker(vec![rule(
-            FailureThreshold::Percent {
-                percent: 50.0,
-                min_requests: 4,
-            },
-            vec![SERVER_ERRORS],
-            1000,
-        )]);
+        let b = Rig::new(vec![percent()]);
         for at in 0..6 {
-            b.record(&Observed::Success, at);
+            b.record(at, Observed::Success).await;
         }
-        b.record(&status(500), 6);
-        b.record(&status(500), 7);
-        b.record(&status(500), 8);
-        assert_eq!(state(&b, 9).0, BreakerState::Closed, "3 of 9 is under 50%");
+        b.record(6, status(500)).await;
+        b.record(7, status(500)).await;
+        b.record(8, status(500)).await;
+        assert_eq!(b.state(9).await.0, BreakerState::Closed, "3 of 9 is under 50%");
     }
 
-    #[test]
-    fn half_open_lets_one_probe_through_and_its_success_closes() {
-        let b = breaker(vec![rule(
+    #[tokio::test]
+    async fn half_open_lets_one_probe_through_and_its_success_closes() {
+        let b = Rig::new(vec![rule(
             FailureThreshold::Count(1),
             vec![SERVER_ERRORS],
             1000,
         )]);
-        b.record(&status(500), 0);
-        assert!(matches!(b.admit(0, 999), Admission::Open { .. }));
-        assert_eq!(b.blocked_until(999), Some(1000));
+        b.record(0, status(500)).await;
+        assert!(matches!(b.admit(999).await, Admission::Open { .. }));
+        assert_eq!(b.breakers.blocked_until(0, 999), Some(1000));
         assert_eq!(
-            b.blocked_until(1000),
+            b.breakers.blocked_until(0, 1000),
             None,
             "a free probe does not keep requests out"
         );
-        assert_eq!(state(&b, 1000), (BreakerState::HalfOpen, Some(0)));
-        let Admission::Probe(probe) = b.admit(7, 1000) else {
+        assert_eq!(b.state(1000).await, (BreakerState::HalfOpen, Some(0)));
+        let Admission::Probe(probe) = b.admit(1000).await else {
             panic!("the first request after the trip probes")
         };
-        assert_eq!(probe.backend(), 7);
-        assert!(matches!(b.admit(0, 1001), Admission::Open { .. }));
-        assert_eq!(b.blocked_until(1001), Some(1001 + PROBE_PENDING_MS));
+        assert_eq!(probe.backend(), 0);
+        assert!(matches!(b.admit(1001).await, Admission::Open { .. }));
+        assert_eq!(b.breakers.blocked_until(0, 1001), Some(1000 + PROBE_PENDING_MS));
         // A non-probe answer arriving now changes nothing.
-        b.record(&Observed::Success, 1002);
-        assert_eq!(state(&b, 1002).0, BreakerState::HalfOpen);
-        probe.settle(&Observed::Success, 1003);
-        assert_eq!(state(&b, 1004), (BreakerState::Closed, None));
-        assert!(matches!(b.admit(0, 1004), Admission::Closed));
+        b.record(1002, Observed::Success).await;
+        assert_eq!(b.state(1002).await.0, BreakerState::HalfOpen);
+        probe.settle(&Observed::Success, b.at(1003)).await;
+        assert_eq!(b.state(1004).await, (BreakerState::Closed, None));
+        assert!(matches!(b.admit(1004).await, Admission::Closed));
     }
 
-    #[test]
-    fn a_probe_never_sent_frees_the_probe_for_the_next_request() {
-        let b = breaker(vec![rule(
+    #[tokio::test]
+    async fn a_probe_never_sent_frees_the_probe_for_the_next_request() {
+        let b = Rig::new(vec![rule(
             FailureThreshold::Count(1),
             vec![SERVER_ERRORS],
             10,
         )]);
-        b.record(&status(500), 0);
-        let first = b.admit(0, 10);
+        b.record(0, status(500)).await;
+        let first = b.admit(10).await;
         assert!(matches!(first, Admission::Probe(_)));
         drop(first);
-        assert!(matches!(b.admit(0, 11), Admission::Probe(_)));
+        b.state(11).await;
+        assert!(matches!(b.admit(11).await, Admission::Probe(_)));
     }
 
-    #[test]
-    fn a_failed_probe_re_opens_with_doubling_backoff_capped_at_ten_trips() {
-        let b = breaker(vec![rule(
+    #[tokio::test]
+    async fn a_failed_probe_re_opens_with_doubling_backoff_capped_at_ten_trips() {
+        let b = Rig::new(vec![rule(
             FailureThreshold::Count(1),
             vec![SERVER_ERRORS],
             100,
         )]);
-        b.record(&status(500), 0);
+        b.record(0, status(500)).await;
         let mut now = 100;
         for expected in [200, 400, 800, 1000, 1000] {
-            let Admission::Probe(probe) = b.admit(0, now) else {
+            let Admission::Probe(probe) = b.admit(now).await else {
                 panic!("probe at {now}")
             };
-            probe.settle(&status(503), now);
-            assert_eq!(state(&b, now), (BreakerState::Open, Some(expected)));
+            probe.settle(&status(503), now).await;
+            assert_eq!(b.state(now).await, (BreakerState::Open, Some(expected)));
             now += expected;
         }
-        assert_eq!(b.view(now).trips, 6);
-        let Admission::Probe(probe) = b.admit(0, now) else {
+        assert_eq!(b.breakers.view(0, b.at(now)).await.unwrap().trips, 6);
+        let Admission::Probe(probe) = b.admit(now).await else {
             panic!("probe at {now}")
         };
-        probe.settle(&Observed::Success, now);
+        probe.settle(&Observed::Success, now).await;
         // Closed again: the next trip starts from the plain `trip`.
-        b.record(&status(500), now);
-        assert_eq!(state(&b, now), (BreakerState::Open, Some(100)));
+        b.record(now, status(500)).await;
+        assert_eq!(b.state(now).await, (BreakerState::Open, Some(100)));
     }
 
-    #[test]
-    fn accept_retry_after_trips_for_exactly_the_upstreams_retry_after() {
+    #[tokio::test]
+    async fn accept_retry_after_trips_for_exactly_the_upstreams_retry_after() {
         let mut throttled = rule(
             FailureThreshold::Count(1),
             vec![FailureKind::Status { from: 429, to: 429 }],
             10_000,
         );
         throttled.accept_retry_after = true;
-        let b = breaker(vec![throttled.clone()]);
+        let b = Rig::new(vec![throttled.clone()]);
         let slow_down = Observed::Status {
             code: 429,
             retry_after: Some(Duration::from_millis(1500)),
         };
-        b.record(&slow_down, 0);
-        assert_eq!(state(&b, 0), (BreakerState::Open, Some(1500)));
+        b.record(0, slow_down).await;
+        assert_eq!(b.state(0).await, (BreakerState::Open, Some(1500)));
         // A re-open honours the Retry-After too, without backoff.
-        let Admission::Probe(probe) = b.admit(0, 1500) else {
+        let Admission::Probe(probe) = b.admit(1500).await else {
             panic!("probe")
         };
-        probe.settle(&slow_down, 1500);
-        assert_eq!(state(&b, 1500), (BreakerState::Open, Some(1500)));
+        probe.settle(&slow_down, 1500).await;
+        assert_eq!(b.state(1500).await, (BreakerState::Open, Some(1500)));
         // Without a Retry-After the rule's own trip applies.
-        let b = breaker(vec![throttled]);
-        b.record(&status(429), 0);
-        assert_eq!(state(&b, 0), (BreakerState::Open, Some(10_000)));
+        let b = Rig::new(vec![throttled]);
+        b.record(0, status(429)).await;
+        assert_eq!(b.state(0).await, (BreakerState::Open, Some(10_000)));
+    }
+
+    #[tokio::test]
+    async fn a_breaker_tripped_by_one_instance_is_open_for_another_on_the_same_store() {
+        let clock = Arc::new(AtomicU64::new(0));
+        let store = Arc::new(Store::Memory(MemoryState::with_clock(clock.clone())));
+        let rules = || vec![rule(FailureThreshold::Count(1), vec![SERVER_ERRORS], 1000)];
+        let a = Rig::on(store.clone(), clock.clone(), rules());
+        let b = Rig::on(store, clock, rules());
+        a.record(0, status(500)).await;
+        assert!(matches!(b.admit(1).await, Admission::Closed), "b has not looked yet");
+        assert_eq!(b.state(1).await.0, BreakerState::Open);
+        assert!(matches!(b.admit(2).await, Admission::Open { until_ms: 1000 }));
+        // Only one of them gets the probe.
+        let (first, second) = (a.admit(1000).await, b.admit(1000).await);
+        assert!(matches!(first, Admission::Probe(_)));
+        assert!(matches!(second, Admission::Open { .. }));
     }
 
     #[test]
@@ -645,8 +710,8 @@ mod tests {
         assert_eq!(Observed::of(&Failure::ConnectTimeout), Observed::Timeout);
     }
 
-    #[test]
-    fn reload_keeps_the_breaker_of_an_unchanged_backend_and_policy() {
+    #[tokio::test]
+    async fn reload_keeps_the_breaker_of_an_unchanged_backend_and_policy() {
         let yaml = |trip: &str| {
             format!(
                 "circuit_breakers: {{ p: {{ rules: [{{ name: r, failures: {{ count: 1, within: 1m, status: [500] }}, trip: {trip} }}] }} }}
@@ -661,17 +726,18 @@ models:
         let parse = |text: String| {
             onedoor_config::parse(&text, std::path::Path::new("t.yaml"), &|_| None).unwrap()
         };
-        let before = Breakers::new(&parse(yaml("30s")), None);
+        let store = Arc::new(Store::memory());
+        let before = Breakers::new(&parse(yaml("30s")), None, store.clone());
         assert!(
-            before.view(1, 0).is_none(),
+            before.view(1, 0).await.is_none(),
             "a backend without a policy has no breaker"
         );
-        before.record(0, &status(500), 0);
-        let kept = Breakers::new(&parse(yaml("30s")), Some(&before));
-        assert_eq!(kept.view(0, 0).map(|v| v.state), Some(BreakerState::Open));
-        let changed = Breakers::new(&parse(yaml("10s")), Some(&before));
+        before.record(0, &status(500), 0).await;
+        let kept = Breakers::new(&parse(yaml("30s")), Some(&before), store.clone());
+        assert_eq!(kept.view(0, 0).await.map(|v| v.state), Some(BreakerState::Open));
+        let changed = Breakers::new(&parse(yaml("10s")), Some(&before), store);
         assert_eq!(
-            changed.view(0, 0).map(|v| v.state),
+            changed.view(0, 0).await.map(|v| v.state),
             Some(BreakerState::Closed)
         );
     }

@@ -7,6 +7,8 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::body::{full, Body};
+use crate::messages;
+use crate::surface::Dialect;
 
 /// An error the gateway answers with; each variant is one code of the contract's error table.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -25,6 +27,8 @@ pub enum GatewayError {
     ModelNotAllowed(String),
     #[error("the model `{0}` does not exist; GET /v1/models lists the ones this key may use")]
     ModelNotFound(String),
+    #[error("no reachable backend serves the model `{0}`: each one asked answered that it lacks it")]
+    ServedNowhere(String),
     #[error("the request body is larger than the limit of {limit} bytes")]
     RequestTooLarge { limit: u64 },
     #[error("every backend that serves `{alias}` is rate limited; retry after {retry_after:?}")]
@@ -34,6 +38,10 @@ pub enum GatewayError {
     },
     #[error("every attempt to reach a backend for `{0}` failed; x-onedoor-attempts says how")]
     UpstreamFailed(String),
+    /// Like `UpstreamFailed`, for a key held to some regions: the targets outside them were not
+    /// asked, and the message says so.
+    #[error("every attempt to reach a backend for `{alias}` failed; x-onedoor-attempts says how. {outside} target(s) outside the regions this key may use were not asked")]
+    UpstreamFailedInRegions { alias: String, outside: usize },
     #[error("every backend that serves `{alias}` is behind an open circuit breaker; retry after {retry_after:?}")]
     CircuitOpen {
         alias: String,
@@ -43,22 +51,44 @@ pub enum GatewayError {
     NoBackendAvailable(String),
     #[error("attempts for `{0}` ran out of time; x-onedoor-attempts says how")]
     UpstreamTimeout(String),
+    /// The caller's own rpm, tpm or max_in_flight.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after: Duration,
+    },
+    /// The caller's tokens_per_day or usd_per_month; `period_ends_in` says when it renews.
+    #[error("{message}")]
+    QuotaExceeded {
+        message: String,
+        period_ends_in: Duration,
+    },
+    #[error("the shared state store is unreachable and on_store_error is fail_closed; retry shortly")]
+    StateUnavailable,
 }
 
 impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             GatewayError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
-            GatewayError::NotFound(_) | GatewayError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            GatewayError::NotFound(_)
+            | GatewayError::ModelNotFound(_)
+            | GatewayError::ServedNowhere(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::MissingKey | GatewayError::UnknownKey => StatusCode::UNAUTHORIZED,
-            GatewayError::ModelNotAllowed(_) => StatusCode::FORBIDDEN,
-            GatewayError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            GatewayError::UpstreamFailed(_) => StatusCode::BAD_GATEWAY,
-            GatewayError::CircuitOpen { .. } | GatewayError::NoBackendAvailable(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
+            GatewayError::ModelNotAllowed(_) | GatewayError::QuotaExceeded { .. } => {
+                StatusCode::FORBIDDEN
             }
+            GatewayError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::UpstreamRateLimited { .. } | GatewayError::RateLimited { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            GatewayError::UpstreamFailed(_) | GatewayError::UpstreamFailedInRegions { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            GatewayError::CircuitOpen { .. }
+            | GatewayError::NoBackendAvailable(_)
+            | GatewayError::StateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -71,13 +101,18 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed(_) => "invalid_request",
             GatewayError::MissingKey | GatewayError::UnknownKey => "invalid_api_key",
             GatewayError::ModelNotAllowed(_) => "model_not_allowed",
-            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::ModelNotFound(_) | GatewayError::ServedNowhere(_) => "model_not_found",
             GatewayError::RequestTooLarge { .. } => "request_too_large",
             GatewayError::UpstreamRateLimited { .. } => "upstream_rate_limited",
-            GatewayError::UpstreamFailed(_) => "upstream_failed",
+            GatewayError::UpstreamFailed(_) | GatewayError::UpstreamFailedInRegions { .. } => {
+                "upstream_failed"
+            }
             GatewayError::CircuitOpen { .. } => "circuit_open",
             GatewayError::NoBackendAvailable(_) => "no_backend_available",
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
+            GatewayError::RateLimited { .. } => "rate_limited",
+            GatewayError::QuotaExceeded { .. } => "quota_exceeded",
+            GatewayError::StateUnavailable => "state_unavailable",
         }
     }
 
@@ -96,21 +131,34 @@ impl GatewayError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             GatewayError::UpstreamRateLimited { retry_after, .. }
-            | GatewayError::CircuitOpen { retry_after, .. } => Some(*retry_after),
+            | GatewayError::CircuitOpen { retry_after, .. }
+            | GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
+            // Not a retry that cures it soon: when the quota's period renews.
+            GatewayError::QuotaExceeded { period_ends_in, .. } => Some(*period_ends_in),
+            GatewayError::StateUnavailable => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
 
     /// The error as an OpenAI-shaped JSON response (OpenAI and Azure paths).
     pub fn into_response(self) -> Response<Body> {
-        let body = serde_json::json!({
-            "error": {
-                "message": self.to_string(),
-                "type": self.openai_type(),
-                "param": null,
-                "code": self.code(),
-            }
-        });
+        self.into_response_in(Dialect::OpenAi)
+    }
+
+    /// The error as a JSON response in the caller's dialect: OpenAI's envelope on OpenAI and
+    /// Azure paths, Anthropic's `{"type":"error","error":{...}}` on `/v1/messages`.
+    pub fn into_response_in(self, dialect: Dialect) -> Response<Body> {
+        let body = match dialect {
+            Dialect::Anthropic => messages::error_body(self.status(), &self.to_string()),
+            Dialect::OpenAi | Dialect::Azure => serde_json::json!({
+                "error": {
+                    "message": self.to_string(),
+                    "type": self.openai_type(),
+                    "param": null,
+                    "code": self.code(),
+                }
+            }),
+        };
         let mut response = Response::new(full(Bytes::from(body.to_string())));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
@@ -151,6 +199,20 @@ mod tests {
         assert_eq!(
             response.headers()["x-onedoor-error"],
             "upstream_rate_limited"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_anthropic_caller_gets_anthropic_shaped_errors() {
+        use http_body_util::BodyExt;
+        let response = GatewayError::UnknownKey.into_response_in(Dialect::Anthropic);
+        assert_eq!(response.status(), 401);
+        assert_eq!(response.headers()["x-onedoor-error"], "invalid_api_key");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"type": "error", "error": {"type": "authentication_error", "message": "the API key is not valid"}})
         );
     }
 }

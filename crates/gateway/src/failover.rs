@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use onedoor_config::Snapshot;
-use onedoor_state::{now_ms, TargetKey};
+use onedoor_state::{now_ms, State, TargetKey};
 use tokio::time::Instant;
 
 use crate::breaker::{Admission, Observed, ProbePermit};
@@ -74,6 +74,8 @@ pub struct Failover<'a> {
     verdicts: Vec<Verdict>,
     cooled_until_ms: Vec<u64>,
     context_fallback: Option<(usize, Failure)>,
+    /// Attempts that could not connect at all.
+    unreachable: usize,
     /// The request's token estimate, for headroom.
     tokens: u64,
     /// Regions of failed attempts: a retry prefers another one.
@@ -104,6 +106,7 @@ impl<'a> Failover<'a> {
             verdicts: Vec::new(),
             cooled_until_ms: Vec::new(),
             context_fallback: None,
+            unreachable: 0,
             tokens,
             tried_regions: Vec::new(),
             probes: Vec::new(),
@@ -118,8 +121,9 @@ impl<'a> Failover<'a> {
         let (Some(backend), Some(load)) = (backend, load) else {
             return Fitness::default();
         };
+        let shared = self.plan.usage.get(candidate.backend).copied().flatten();
         Fitness {
-            headroom: load.fits(&backend.limits, self.tokens, now),
+            headroom: load.fits(&backend.limits, shared, self.tokens, now),
             share: load.share(now),
             fresh_region: !self.tried_regions.contains(&backend.region),
         }
@@ -171,24 +175,23 @@ impl<'a> Failover<'a> {
             else {
                 break;
             };
-            if !self.admitted(i) {
+            if !self.admitted(i).await {
                 continue;
             }
             let candidate = self.plan.candidates[i].clone();
             let backend = self.backend_name(&candidate).to_owned();
             match attempt(candidate.clone()).await {
                 Ok(value) => {
-                    self.observe(i, Observed::Success);
+                    self.observe(i, Observed::Success).await;
                     trail.push(&backend, "200".into());
                     if candidate.discovery {
-                        let until =
-                            now_ms() + self.snapshot().routing.not_served_ttl.as_millis() as u64;
-                        self.runtime.state.mark_served(self.key(i), until);
+                        let ttl = self.snapshot().routing.not_served_ttl.as_millis() as u64;
+                        self.runtime.state.mark_served_detached(self.key(i), ttl);
                     }
                     return Ok((candidate, value));
                 }
                 Err(failure) => {
-                    self.observe(i, Observed::of(&failure));
+                    self.observe(i, Observed::of(&failure)).await;
                     trail.push(&backend, failure.label());
                     tracing::debug!(%backend, outcome = %failure.label(), detail = failure.detail(), "attempt failed");
                     let next = self.settle(i, failure).await;
@@ -213,12 +216,12 @@ impl<'a> Failover<'a> {
     /// Whether the breaker of candidate `i`'s backend lets an attempt go now. It may have opened
     /// since the plan was made, or another request may hold its probe: then the candidate is
     /// left out as if the plan had excluded it.
-    fn admitted(&mut self, i: usize) -> bool {
+    async fn admitted(&mut self, i: usize) -> bool {
         let backend = self.plan.candidates[i].backend;
         if self.probes.iter().any(|p| p.backend() == backend) {
             return true;
         }
-        match self.runtime.breakers.admit(backend, now_ms()) {
+        match self.runtime.breakers.admit(backend, now_ms()).await {
             Admission::Closed => true,
             Admission::Probe(permit) => {
                 self.probes.push(permit);
@@ -236,12 +239,12 @@ impl<'a> Failover<'a> {
     }
 
     /// Tells the breaker of candidate `i`'s backend how its attempt went; a probe settles its permit.
-    fn observe(&mut self, i: usize, outcome: Observed) {
+    async fn observe(&mut self, i: usize, outcome: Observed) {
         let backend = self.plan.candidates[i].backend;
         let now = now_ms();
         match self.probes.iter().position(|p| p.backend() == backend) {
-            Some(k) => self.probes.swap_remove(k).settle(&outcome, now),
-            None => self.runtime.breakers.record(backend, &outcome, now),
+            Some(k) => self.probes.swap_remove(k).settle(&outcome, now).await,
+            None => self.runtime.breakers.record(backend, &outcome, now).await,
         }
     }
 
@@ -249,6 +252,9 @@ impl<'a> Failover<'a> {
     async fn settle(&mut self, i: usize, failure: Failure) -> Next {
         let verdict = verdict(&failure);
         self.verdicts.push(verdict);
+        if matches!(failure, Failure::ConnectError(_) | Failure::ConnectTimeout) {
+            self.unreachable += 1;
+        }
         self.note_failure(i, verdict);
         let routing = &self.runtime.snapshot.routing;
         let alone = self.plan.group_size(self.plan.candidates[i].priority) == 1;
@@ -260,9 +266,9 @@ impl<'a> Failover<'a> {
             }
             Verdict::Throttled(retry_after) => {
                 let wait = retry_after.unwrap_or(DEFAULT_COOLDOWN);
-                let until = now_ms() + wait.as_millis() as u64;
-                self.runtime.state.cool_down(self.key(i), until);
-                self.cooled_until_ms.push(until);
+                let wait_ms = wait.as_millis() as u64;
+                self.runtime.state.cool_down(&self.key(i), wait_ms).await;
+                self.cooled_until_ms.push(now_ms() + wait_ms);
                 let fits = retry_after.is_some_and(|w| {
                     w <= routing.max_retry_wait && Instant::now() + w < self.deadline
                 });
@@ -273,8 +279,8 @@ impl<'a> Failover<'a> {
                 }
             }
             Verdict::NotServed => {
-                let until = now_ms() + routing.not_served_ttl.as_millis() as u64;
-                self.runtime.state.mark_not_served(self.key(i), until);
+                let ttl = routing.not_served_ttl.as_millis() as u64;
+                self.runtime.state.mark_not_served(&self.key(i), ttl).await;
             }
             Verdict::ContextTooLong => {
                 let deployment = self.plan.candidates[i].deployment.clone();
@@ -337,6 +343,9 @@ impl<'a> Failover<'a> {
             return Ending::Upstream { backend, failure };
         }
         let alias = self.alias.to_owned();
+        if self.served_nowhere() {
+            return Ending::Error(GatewayError::ServedNowhere(alias));
+        }
         if trail.attempts.is_empty() {
             return Ending::Error(self.nothing_to_try());
         }
@@ -362,9 +371,33 @@ impl<'a> Failover<'a> {
         {
             GatewayError::UpstreamTimeout(alias)
         } else {
-            GatewayError::UpstreamFailed(alias)
+            match self
+                .plan
+                .excluded
+                .iter()
+                .filter(|(_, r)| *r == Excluded::Region)
+                .count()
+            {
+                0 => GatewayError::UpstreamFailed(alias),
+                outside => GatewayError::UpstreamFailedInRegions { alias, outside },
+            }
         };
         Ending::Error(error)
+    }
+
+    /// On the `"*"` alias: every backend that could be reached (or was, recently) said it lacks
+    /// the name, so to the caller the model does not exist; the others are down or out of rotation.
+    fn served_nowhere(&self) -> bool {
+        let discovery = self.plan.candidates.iter().chain(self.plan.excluded.iter().map(|(c, _)| c)).all(|c| c.discovery);
+        let learned = self.verdicts.contains(&Verdict::NotServed)
+            || self.plan.excluded.iter().any(|(_, r)| *r == Excluded::NotServed);
+        let telling = self.verdicts.iter().filter(|v| **v != Verdict::NotServed).count();
+        let out_of_rotation = self
+            .plan
+            .excluded
+            .iter()
+            .all(|(_, r)| !matches!(r, Excluded::CoolingDown { .. } | Excluded::Region));
+        discovery && learned && telling == self.unreachable && out_of_rotation
     }
 
     /// The wait until the soonest cooling target frees up or open breaker half-opens.

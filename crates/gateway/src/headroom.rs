@@ -1,14 +1,17 @@
-//! Headroom: how much of its quota each backend has used in the current minute (from our own
-//! accounting and from the upstream's `x-ratelimit-remaining-*` headers), how many requests are
-//! in flight, how fast it answers, and whether it is ramping up after a failure streak. The router
-//! passes over a backend without headroom before it starts answering 429.
+//! Headroom: how much of its quota each backend has used in the current minute (from the
+//! accounting in the state store, the same numbers on every instance, and from the upstream's
+//! `x-ratelimit-remaining-*` headers), how many requests are in flight, how fast it answers, and
+//! whether it is ramping up after a failure streak. The router passes over a backend without
+//! headroom before it starts answering 429. A backend without `limits` is counted here only.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use http::HeaderMap;
-use onedoor_config::Limits;
+use onedoor_config::{Backend, Limits};
+use onedoor_state::{Ask, Charge, Detached, MeterKey, MeterLimits, MeterUsage, Settlement, Store};
 
 /// A backend that failed this many times in a row and then answered ramps up instead of taking
 /// its full share at once.
@@ -64,14 +67,25 @@ struct Remaining {
 }
 
 /// The load of one backend, kept across config reloads while the backend exists.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Load {
+    /// Requests this instance has in flight, and its own window (for operators).
     in_flight: AtomicU64,
     window: Mutex<Window>,
     remaining: Mutex<Remaining>,
     latency_ewma_us: AtomicU64,
     failure_streak: AtomicU64,
     ramp_from_ms: AtomicU64,
+    /// The backend's meter in the state store, when it has limits.
+    meter: ArcSwapOption<Meter>,
+}
+
+/// Where a backend with limits is counted for every instance.
+struct Meter {
+    store: Arc<Store>,
+    key: MeterKey,
+    /// How long a request counts in flight if its instance dies first.
+    lease_ms: u64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,13 +107,48 @@ fn header_number(headers: &HeaderMap, name: &str) -> Option<u64> {
 }
 
 impl Load {
+    /// Counts `backend` in `store` when it has limits (and stops when it has none), so headroom
+    /// sees what every instance sends it. Called for each config the backend appears in.
+    pub fn meter_in(&self, store: &Arc<Store>, backend: &Backend) {
+        let limits = &backend.limits;
+        let metered =
+            limits.rpm.is_some() || limits.tpm.is_some() || limits.max_in_flight.is_some();
+        let meter = metered.then(|| {
+            Arc::new(Meter {
+                store: store.clone(),
+                key: MeterKey::backend(&backend.name),
+                lease_ms: backend.timeouts.total.as_millis() as u64 + 5_000,
+            })
+        });
+        self.meter.store(meter);
+    }
+
+    /// Whether the backend is counted in the state store (the routing view reads its usage).
+    pub fn metered(&self) -> bool {
+        self.meter.load().is_some()
+    }
+
     /// Counts a request against the window and in flight until the returned guard drops.
     pub fn begin(self: &Arc<Self>, estimated_tokens: u64, now_ms: u64) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         lock(&self.window).add(now_ms, 1, estimated_tokens as i64);
+        let shared = self.meter.load_full().map(|meter| {
+            let ask = Ask {
+                meters: vec![(meter.key.clone(), MeterLimits::default())],
+                charge: Charge {
+                    tokens: estimated_tokens,
+                    micro_usd: 0,
+                    lease_ms: meter.lease_ms,
+                },
+                enforce: false,
+            };
+            let charged = meter.store.admit_detached(ask);
+            (meter, charged)
+        });
         InFlight {
             load: self.clone(),
             estimated_tokens,
+            shared,
         }
     }
 
@@ -108,14 +157,25 @@ impl Load {
     }
 
     /// Whether a request of `tokens` fits under the backend's limits and what it last reported.
-    pub fn fits(&self, limits: &Limits, tokens: u64, now_ms: u64) -> bool {
-        if limits
-            .max_in_flight
-            .is_some_and(|cap| self.in_flight() >= cap)
-        {
+    /// `shared` is the backend's usage across instances (from the routing view) when it is
+    /// metered; without it this instance's own counts decide.
+    pub fn fits(
+        &self,
+        limits: &Limits,
+        shared: Option<MeterUsage>,
+        tokens: u64,
+        now_ms: u64,
+    ) -> bool {
+        let (in_flight, requests, used_tokens) = match shared {
+            Some(usage) => (usage.in_flight, usage.requests, usage.tokens),
+            None => {
+                let (requests, tokens) = lock(&self.window).used(now_ms);
+                (self.in_flight(), requests, tokens)
+            }
+        };
+        if limits.max_in_flight.is_some_and(|cap| in_flight >= cap) {
             return false;
         }
-        let (requests, used_tokens) = lock(&self.window).used(now_ms);
         if limits.rpm.is_some_and(|rpm| requests + 1 > rpm)
             || limits.tpm.is_some_and(|tpm| used_tokens + tokens > tpm)
         {
@@ -167,13 +227,20 @@ impl Load {
         elapsed.clamp(RAMP_FLOOR, 1.0)
     }
 
-    /// The operator's view for `/admin/backends`.
-    pub fn view(&self, limits: &Limits, now_ms: u64) -> serde_json::Value {
-        let (requests, tokens) = lock(&self.window).used(now_ms);
+    /// The operator's view for `/admin/backends`: the shared counts when the backend is
+    /// metered, else this instance's.
+    pub fn view(&self, limits: &Limits, shared: Option<MeterUsage>, now_ms: u64) -> serde_json::Value {
+        let (local_requests, local_tokens) = lock(&self.window).used(now_ms);
+        let (in_flight, requests, tokens) = match shared {
+            Some(u) => (u.in_flight, u.requests, u.tokens),
+            None => (self.in_flight(), local_requests, local_tokens),
+        };
         let remaining = *lock(&self.remaining);
         let headroom = |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used));
         serde_json::json!({
-            "in_flight": self.in_flight(),
+            "counted": if shared.is_some() { "shared" } else { "this_instance" },
+            "this_instance": { "in_flight": self.in_flight(), "requests": local_requests, "tokens": local_tokens },
+            "in_flight": in_flight,
             "max_in_flight": limits.max_in_flight,
             "window": {
                 "requests": requests, "tokens": tokens,
@@ -192,10 +259,11 @@ impl Load {
 }
 
 /// One request counted in flight; settles its token estimate against the measured usage.
-#[derive(Debug)]
 pub struct InFlight {
     load: Arc<Load>,
     estimated_tokens: u64,
+    /// Its charge on the backend's shared meter.
+    shared: Option<(Arc<Meter>, Detached)>,
 }
 
 impl InFlight {
@@ -214,6 +282,14 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.load.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some((meter, charged)) = self.shared.take() {
+            let settlement = Settlement {
+                tokens: self.estimated_tokens,
+                micro_usd: 0,
+                release: true,
+            };
+            meter.store.settle_after(charged, settlement);
+        }
     }
 }
 
@@ -238,9 +314,9 @@ mod tests {
         let mut first = load.begin(600, start);
         first.settle(700, start);
         first.settle(100, start);
-        assert!(!load.fits(&tpm, 400, start + 1000));
-        assert!(load.fits(&tpm, 300, start + 1000));
-        assert!(load.fits(&tpm, 400, start + 60_000));
+        assert!(!load.fits(&tpm, None, 400, start + 1000));
+        assert!(load.fits(&tpm, None, 300, start + 1000));
+        assert!(load.fits(&tpm, None, 400, start + 60_000));
     }
 
     #[test]
@@ -248,9 +324,15 @@ mod tests {
         let load = Arc::new(Load::default());
         let cap = limits(None, None, Some(1));
         let guard = load.begin(1, 0);
-        assert!(!load.fits(&cap, 1, 0));
+        assert!(!load.fits(&cap, None, 1, 0));
         drop(guard);
-        assert!(load.fits(&cap, 1, 0));
+        assert!(load.fits(&cap, None, 1, 0));
+        // Across instances, the shared count decides.
+        let busy = MeterUsage {
+            in_flight: 1,
+            ..MeterUsage::default()
+        };
+        assert!(!load.fits(&cap, Some(busy), 1, 0));
     }
 
     #[test]
@@ -262,8 +344,8 @@ mod tests {
             http::HeaderValue::from_static("50"),
         );
         load.observe(&headers, 5_000);
-        assert!(!load.fits(&Limits::default(), 100, 6_000));
-        assert!(load.fits(&Limits::default(), 100, 5_000 + REMAINING_FRESH_MS));
+        assert!(!load.fits(&Limits::default(), None, 100, 6_000));
+        assert!(load.fits(&Limits::default(), None, 100, 5_000 + REMAINING_FRESH_MS));
     }
 
     #[test]

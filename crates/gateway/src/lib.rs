@@ -3,6 +3,8 @@
 //! state behind the `onedoor_state::State` trait.
 
 mod admin;
+mod admission;
+mod affinity;
 mod attempt;
 mod auth;
 pub mod body;
@@ -12,24 +14,32 @@ mod failover;
 mod fleet;
 mod headroom;
 mod health;
+mod messages;
 mod outcome;
 mod pipeline;
 mod provider;
+mod readiness;
+mod realtime;
+mod recording;
 mod reload;
 mod request;
 mod router;
 mod runtime;
 mod server;
+mod session_token;
 mod stream;
 mod surface;
+pub mod tokens;
+pub mod translate;
 mod upstream;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use onedoor_config::{Problem, Snapshot};
-use onedoor_state::MemoryState;
+use onedoor_config::{OnStoreError, Problem, Snapshot, StateConfig, StoreKind};
+use onedoor_state::{OnError, RedisConfig, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -39,6 +49,9 @@ use crate::runtime::Runtime;
 
 pub use crate::reload::{ReloadError, Summary};
 pub use crate::server::SHUTDOWN_GRACE;
+
+/// How long shutdown waits for realtime sessions to finish their close handshakes.
+const SESSIONS_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A running gateway: its bound addresses, and the handles that reload and stop it.
 pub struct Running {
@@ -75,13 +88,24 @@ impl Running {
     }
 
     /// Stops accepting at once, lets requests under way (open streams included) finish for up to
-    /// [`SHUTDOWN_GRACE`], stops the health probes and the file watch, and returns when all is done.
+    /// [`SHUTDOWN_GRACE`], stops the health probes and the file watch, writes out the usage
+    /// records still buffered (to the store, or to the journal the next start replays), and
+    /// returns when all is done.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        // Realtime sessions are not requests under way: each gets a 1001 close at once.
+        let sessions = self.live.current().sessions.clone();
+        sessions.close_all();
         for task in self.tasks {
             let _ = task.await;
         }
+        if !sessions.drained(SESSIONS_CLOSE).await {
+            tracing::warn!(open = sessions.open(), "realtime sessions still open after their close frames; dropping them");
+        }
         self.live.stop().await;
+        if !self.live.current().recorder.close().await {
+            tracing::warn!("usage records wait in the journal: the usage store did not take them; the next start replays them");
+        }
     }
 }
 
@@ -138,9 +162,10 @@ fn launch(
     admin: TcpListener,
     source: Option<Source>,
 ) -> Running {
-    let state = Arc::new(MemoryState::new());
+    let state = Arc::new(store_for(&snapshot.state));
     let (shutdown, watcher) = watch::channel(false);
-    let runtime = Runtime::new(Arc::new(snapshot), state);
+    let mut runtime = Runtime::new(Arc::new(snapshot), state);
+    runtime.recorder = recording::start(&runtime.snapshot);
     let seen = source.as_ref().map(|s| s.seen);
     let live = Arc::new(Live::new(runtime, source.map(|s| s.path), watcher.clone()));
     let addr = local_addr(&client);
@@ -171,6 +196,22 @@ fn launch(
         live,
         shutdown,
         tasks,
+    }
+}
+
+/// The state store `state` asks for. Redis connects lazily, so an unreachable Redis at start is
+/// an outage handled by `on_store_error`, not a failure to start.
+fn store_for(state: &StateConfig) -> Store {
+    match (state.store, &state.redis_url) {
+        (StoreKind::Redis, Some(url)) => Store::redis(&RedisConfig {
+            url: url.clone(),
+            key_prefix: state.key_prefix.clone(),
+            on_error: match state.on_store_error {
+                OnStoreError::FailOpen => OnError::FailOpen,
+                OnStoreError::FailClosed => OnError::FailClosed,
+            },
+        }),
+        _ => Store::memory(),
     }
 }
 

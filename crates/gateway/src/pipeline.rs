@@ -10,16 +10,24 @@ use hyper::body::Incoming;
 use onedoor_config::{Alias, Snapshot, Tenant};
 use tokio::time::Instant;
 
-use crate::attempt::{measured_tokens, Answer, Continuation, Dispatch};
+use crate::admission::{self, RateHeaders};
+use crate::affinity;
+use crate::attempt::{Answer, Continuation, Dispatch};
 use crate::auth::{self, Caller};
 use crate::body::{full, Body};
 use crate::errors::GatewayError;
 use crate::failover::{Ending, Failover, Trail};
+use crate::messages;
+use crate::provider;
+use crate::realtime;
+use crate::recording::{self, Ended, Estimate};
 use crate::request::{ClientRequest, Operation};
-use crate::router::{self, Candidate};
+use crate::router::{self, Candidate, Plan};
 use crate::runtime::Runtime;
+use crate::session_token;
 use crate::surface::{self, AliasSource, Dialect, Route};
 use crate::upstream::Failure;
+use crate::usage::{self, Usage, UsageReport};
 
 /// What the gateway learned about one request while serving it.
 #[derive(Default)]
@@ -29,19 +37,49 @@ struct Exchange {
     tenant: Option<String>,
     key_id: Option<String>,
     alias: Option<String>,
+    /// The deployment or model name sent to `backend`.
+    deployment: Option<String>,
+    estimate: Estimate,
+    /// A whole answer's usage block.
+    tokens: Option<onedoor_usage::Tokens>,
+    /// The caller's own limits, once admission looked at them.
+    limits: Option<RateHeaders>,
+    /// The answer's usage, once it is complete (a stream's when the stream ends).
+    usage: Option<UsageReport>,
 }
 
 pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
+    let arrived_ms = onedoor_usage::now_ms();
     let id = request_id();
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let mut exchange = Exchange::default();
-    let response = match serve(&runtime, request, &mut exchange).await {
+    let response = match serve(&runtime, request, &id, &mut exchange).await {
         Ok(response) => response,
-        Err(error) => error.into_response(),
+        Err(error) => error.into_response_in(surface::dialect_of(&path)),
     };
     let response = decorate(response, &id, &exchange, &runtime.snapshot);
+    let response = match (&exchange.tenant, &exchange.key_id) {
+        (Some(tenant), Some(key_id)) => {
+            let ended = Ended {
+                request_id: &id,
+                arrived_ms,
+                started,
+                tenant,
+                key_id,
+                alias: exchange.alias.as_deref().unwrap_or("-"),
+                backend: exchange.backend,
+                deployment: exchange.deployment.as_deref(),
+                attempts: exchange.trail.header(),
+                estimate: exchange.estimate,
+                tokens: exchange.tokens,
+                usage: exchange.usage.clone(),
+            };
+            recording::hand_off(&runtime, ended, response)
+        }
+        _ => response,
+    };
     if exchange.alias.is_some()
         || response.status().is_client_error()
         || response.status().is_server_error()
@@ -62,22 +100,38 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
     response
 }
 
+/// A unique id that sorts by time: 48 bits of Unix milliseconds, then 80 random bits, as 32 hex
+/// digits. The usage store keys its records by it; ids in arrival order keep those inserts cheap
+/// (random ones cost SQLite about four times as much).
 fn request_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    let random = rand::random::<u128>() & ((1u128 << 80) - 1);
+    format!("{:012x}{random:020x}", onedoor_usage::now_ms() & ((1 << 48) - 1))
 }
 
 async fn serve(
     runtime: &Arc<Runtime>,
     request: Request<Incoming>,
+    id: &str,
     exchange: &mut Exchange,
 ) -> Result<Response<Body>, GatewayError> {
     let snapshot = &runtime.snapshot;
     match surface::route(request.method(), request.uri().path())? {
         Route::Healthz => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
-        Route::Readyz => Ok(json(StatusCode::OK, r#"{"status":"ready"}"#)),
+        Route::Readyz => Ok(crate::readiness::answer(runtime).await),
         Route::Models => {
             let caller = auth::authenticate(snapshot, request.headers())?;
             Ok(models(snapshot, caller.tenant))
+        }
+        Route::Realtime(path) => {
+            let handshake = realtime::open(runtime, request, path, id).await;
+            exchange.trail = handshake.trail;
+            exchange.backend = handshake.backend;
+            exchange.alias = handshake.alias;
+            if let Some((tenant, key_id)) = handshake.refused {
+                exchange.tenant = Some(tenant);
+                exchange.key_id = Some(key_id);
+            }
+            handshake.response
         }
         Route::Call {
             operation,
@@ -87,8 +141,10 @@ async fn serve(
             let caller = auth::authenticate(snapshot, request.headers())?;
             exchange.tenant = Some(caller.tenant.name.clone());
             exchange.key_id = Some(caller.key.id.clone());
+            let session = session_token::presented(request.headers());
             let body = read_body(request, snapshot.max_request_body).await?;
-            let call = Call::new(runtime, caller, operation, dialect, alias, body)?;
+            let mut call = Call::new(runtime, caller, operation, dialect, alias, body)?;
+            call.session = session;
             call.run(exchange).await
         }
     }
@@ -152,6 +208,8 @@ struct Call<'a> {
     caller: Caller<'a>,
     name: String,
     request: ClientRequest,
+    /// The session token the request carries (`session_affinity` aliases).
+    session: Option<String>,
 }
 
 impl<'a> Call<'a> {
@@ -163,6 +221,10 @@ impl<'a> Call<'a> {
         alias: AliasSource,
         body: Bytes,
     ) -> Result<Self, GatewayError> {
+        let body = match dialect {
+            Dialect::Anthropic => messages::to_chat(&body)?,
+            Dialect::OpenAi | Dialect::Azure => body,
+        };
         let request = ClientRequest::parse(body, operation)?;
         let name = match alias {
             AliasSource::Path(name) => name,
@@ -181,6 +243,7 @@ impl<'a> Call<'a> {
             caller,
             name,
             request,
+            session: None,
         })
     }
 
@@ -190,8 +253,39 @@ impl<'a> Call<'a> {
         exchange.alias = Some(self.name.clone());
         let (alias, alias_index) = resolve(snapshot, &self.name, self.caller.tenant)?;
         let operation = self.dispatch.operation;
-        let plan = router::plan(&runtime, alias, &self.name, self.caller.tenant, operation);
-        self.dispatch.continues_cut_streams = alias.continue_cut_streams && self.request.stream;
+        let admitted = admission::admit(admission::Request {
+            snapshot,
+            store: &runtime.state,
+            tenant: self.caller.tenant,
+            key: self.caller.key,
+            alias,
+            requested: &self.name,
+            body: &self.request,
+            operation,
+        })
+        .await;
+        let mut admission = admitted.map_err(|(error, limits)| {
+            exchange.limits = Some(limits);
+            error
+        })?;
+        exchange.limits = Some(admission.headers);
+        let mut plan = router::plan(&runtime, alias, &self.name, self.caller.tenant, operation)
+            .await
+            .map_err(|_| GatewayError::StateUnavailable)?;
+        if let Some(previous) = self.request.previous_response_id.as_deref() {
+            follow(&runtime, &mut plan, previous).await?;
+        }
+        let session = session_token::follow(
+            &runtime,
+            alias,
+            self.caller.tenant,
+            self.session.as_deref(),
+            &mut plan,
+        )
+        .await?;
+        self.dispatch.continues_cut_streams = alias.continue_cut_streams
+            && self.request.stream
+            && operation == Operation::ChatCompletions;
         let fallbacks: Vec<Candidate> = match self.dispatch.continues_cut_streams {
             true => plan
                 .candidates
@@ -202,7 +296,17 @@ impl<'a> Call<'a> {
             false => Vec::new(),
         };
         let deadline = Instant::now() + snapshot.routing.timeouts.total;
-        let tokens = self.request.estimated_tokens(operation);
+        let (prompt, tokens) = match admission.estimate {
+            Some(counted) => (counted.prompt, counted.prompt + counted.completion),
+            None => (
+                self.request.prompt_estimate(),
+                self.request.estimated_tokens(operation),
+            ),
+        };
+        exchange.estimate = Estimate {
+            prompt,
+            total: tokens,
+        };
         let failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
         let (dispatch, request) = (&self.dispatch, &self.request);
         let outcome = failover
@@ -210,37 +314,90 @@ impl<'a> Call<'a> {
                 dispatch.attempt(request, &candidate, deadline, None).await
             })
             .await;
-        match outcome {
-            Ok((candidate, Answer::Stream(relay))) if self.dispatch.continues_cut_streams => {
+        let dialect = self.dispatch.dialect;
+        let answered = match outcome {
+            Ok((candidate, Answer::Stream(relay))) => {
                 exchange.backend = Some(candidate.backend);
-                let continuation = Continuation {
-                    dispatch: self.dispatch.clone(),
-                    request: self.request.clone(),
-                    fallbacks: fallbacks
-                        .into_iter()
-                        .filter(|c| !c.same_target(&candidate))
-                        .collect(),
-                    deadline,
+                exchange.deployment = Some(candidate.deployment.clone());
+                let answering = match self.dispatch.continues_cut_streams {
+                    true => relay.continued_by(Box::new(Continuation {
+                        dispatch: self.dispatch.clone(),
+                        request: self.request.clone(),
+                        fallbacks: fallbacks
+                            .into_iter()
+                            .filter(|c| !c.same_target(&candidate))
+                            .collect(),
+                        deadline,
+                    })),
+                    false => relay.answering(),
                 };
-                Ok(stream_response(
-                    relay.continued_by(Box::new(continuation)).into_body(),
-                ))
+                let (sink, report) = usage::channel();
+                exchange.usage = Some(report.clone());
+                let measured = snapshot
+                    .backends
+                    .get(candidate.backend)
+                    .is_some_and(provider::reports_stream_usage);
+                let price = admission::price_of(alias, &candidate).cloned();
+                let body = answering.reporting(sink).into_body();
+                let body = admission.hold_until_reported(body, report, price);
+                Ok(stream_response(body, dialect, measured))
             }
-            Ok((candidate, answer)) => {
+            Ok((
+                candidate,
+                Answer::Whole {
+                    status,
+                    content_type,
+                    body,
+                    usage,
+                },
+            )) => {
                 exchange.backend = Some(candidate.backend);
-                Ok(respond(answer))
+                exchange.deployment = Some(candidate.deployment.clone());
+                exchange.usage = Some(usage::reported(usage));
+                exchange.tokens = Some(recording::tokens_of(&usage));
+                match usage.source {
+                    usage::UsageSource::Measured => admission.reconcile(
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                        admission::price_of(alias, &candidate),
+                    ),
+                    usage::UsageSource::Estimated => admission.keep_estimate(),
+                }
+                let response = respond(status, content_type, body, &usage, dialect);
+                Ok(response.map(|body| admission.hold(body)))
             }
             Err(Ending::Error(error)) => Err(error),
             Err(Ending::Upstream { backend, failure }) => {
                 exchange.backend = Some(backend);
-                Ok(passthrough(failure))
+                Ok(passthrough(failure, dialect))
             }
-        }
+        };
+        session.stamp(&runtime, exchange.backend, answered).await
+    }
+}
+
+/// A follow-up of a stored response (`previous_response_id`) goes to the backend that holds
+/// it, and only there.
+async fn follow(runtime: &Runtime, plan: &mut Plan, previous: &str) -> Result<(), GatewayError> {
+    let holder = affinity::holder(&runtime.state, previous)
+        .await
+        .map_err(|_| GatewayError::StateUnavailable)?;
+    let Some(holder) = holder else {
+        return Ok(());
+    };
+    let Some(&backend) = runtime.snapshot.backend_by_name.get(&holder) else {
+        return Ok(());
+    };
+    match affinity::restrict(plan, backend) {
+        true => Ok(()),
+        false => Err(GatewayError::NoBackendAvailable(format!(
+            "the response `{previous}` is held by the backend `{holder}`, which cannot take this request now"
+        ))),
     }
 }
 
 /// The alias a name means for this tenant: a configured alias, or the `"*"` discovery alias.
-fn resolve<'s>(
+pub(crate) fn resolve<'s>(
     snapshot: &'s Snapshot,
     name: &str,
     tenant: &Tenant,
@@ -261,33 +418,47 @@ fn resolve<'s>(
     }
 }
 
-fn respond(answer: Answer) -> Response<Body> {
-    match answer {
-        Answer::Whole {
-            status,
-            content_type,
-            body,
-        } => {
-            let measured = measured_tokens(&body).is_some();
-            let mut response = Response::new(full(body));
-            *response.status_mut() = status;
-            let headers = response.headers_mut();
-            if let Some(content_type) = content_type {
-                headers.insert(header::CONTENT_TYPE, content_type);
-            }
-            if measured {
-                headers.insert("x-onedoor-usage", HeaderValue::from_static("measured"));
-            }
-            response
-        }
-        Answer::Stream(relay) => stream_response(relay.into_body()),
+/// A whole answer in the caller's dialect, with how its usage is known.
+fn respond(
+    status: StatusCode,
+    content_type: Option<HeaderValue>,
+    body: Bytes,
+    usage: &Usage,
+    dialect: Dialect,
+) -> Response<Body> {
+    let (body, content_type) = match dialect {
+        Dialect::Anthropic => (
+            messages::whole(&body, usage),
+            Some(HeaderValue::from_static("application/json")),
+        ),
+        Dialect::OpenAi | Dialect::Azure => (body, content_type),
+    };
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Some(content_type) = content_type {
+        headers.insert(header::CONTENT_TYPE, content_type);
     }
+    headers.insert(
+        "x-onedoor-usage",
+        HeaderValue::from_static(usage.source.as_str()),
+    );
+    response
 }
 
-/// The response head of an SSE stream to the caller.
-fn stream_response(body: Body) -> Response<Body> {
+/// The response head of an SSE stream to the caller. Its usage is known only when it ends (a
+/// final SSE comment tells it): `x-onedoor-usage: measured` is sent up front only when the
+/// upstream's provider reports usage in every complete stream.
+fn stream_response(body: Body, dialect: Dialect, measured: bool) -> Response<Body> {
+    let body = match dialect {
+        Dialect::Anthropic => messages::encode_body(body),
+        Dialect::OpenAi | Dialect::Azure => body,
+    };
     let mut response = Response::new(body);
     let headers = response.headers_mut();
+    if measured {
+        headers.insert("x-onedoor-usage", HeaderValue::from_static("measured"));
+    }
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
@@ -297,15 +468,23 @@ fn stream_response(body: Body) -> Response<Body> {
     response
 }
 
-/// An upstream's own client error, as it came (status, content type and body).
-fn passthrough(failure: Failure) -> Response<Body> {
+/// An upstream's own client error, as it came (status, content type and body); for an
+/// Anthropic caller in Anthropic's error shape, its message kept.
+fn passthrough(failure: Failure, dialect: Dialect) -> Response<Body> {
     let Failure::Status {
         status,
-        headers,
+        mut headers,
         body,
     } = failure
     else {
-        return GatewayError::UpstreamFailed("the request".into()).into_response();
+        return GatewayError::UpstreamFailed("the request".into()).into_response_in(dialect);
+    };
+    let body = match dialect {
+        Dialect::Anthropic => {
+            headers.remove(header::CONTENT_TYPE);
+            messages::upstream_error(status, &body)
+        }
+        Dialect::OpenAi | Dialect::Azure => body,
     };
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
@@ -336,6 +515,9 @@ fn decorate(
     if let Some(backend) = exchange.backend.and_then(|b| snapshot.backends.get(b)) {
         put("x-onedoor-backend", &backend.name);
         put("x-onedoor-region", &backend.region);
+    }
+    if let Some(limits) = &exchange.limits {
+        limits.insert(headers);
     }
     response
 }

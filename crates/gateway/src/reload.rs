@@ -154,10 +154,13 @@ fn keep_bound(running: &Snapshot, next: &mut Snapshot) -> Vec<&'static str> {
         kept.push("admin.listen");
         next.admin.listen = running.admin.listen;
     }
-    if next.state.store != running.state.store || next.state.redis_url != running.state.redis_url {
+    if next.state.store != running.state.store
+        || next.state.redis_url != running.state.redis_url
+        || next.state.key_prefix != running.state.key_prefix
+        || next.state.on_store_error != running.state.on_store_error
+    {
         kept.push("state");
-        next.state.store = running.state.store;
-        next.state.redis_url = running.state.redis_url.clone();
+        next.state = running.state.clone();
     }
     kept
 }

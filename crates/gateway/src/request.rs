@@ -15,6 +15,8 @@ use crate::errors::GatewayError;
 pub enum Operation {
     ChatCompletions,
     Embeddings,
+    /// The OpenAI Responses API.
+    Responses,
 }
 
 impl Operation {
@@ -23,6 +25,7 @@ impl Operation {
         match self {
             Operation::ChatCompletions => "chat/completions",
             Operation::Embeddings => "embeddings",
+            Operation::Responses => "responses",
         }
     }
 }
@@ -34,8 +37,12 @@ pub struct ClientRequest {
     fields: Vec<(String, Box<RawValue>)>,
     pub model: Option<String>,
     pub stream: bool,
-    /// `max_completion_tokens`, else `max_tokens`.
+    /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` on the Responses API).
     pub max_tokens: Option<u64>,
+    /// `stream_options.include_usage`: the client wants the final usage chunk.
+    pub include_usage: bool,
+    /// Responses API: the earlier response this one continues.
+    pub previous_response_id: Option<String>,
 }
 
 /// Completion tokens assumed for a request that sets no `max_tokens`.
@@ -77,6 +84,8 @@ impl ClientRequest {
             model: None,
             stream: false,
             max_tokens: None,
+            include_usage: false,
+            previous_response_id: None,
         };
         request.model = request.typed::<String>("model", "a string")?;
         request.stream = request
@@ -84,10 +93,19 @@ impl ClientRequest {
             .unwrap_or(false);
         let completion = request.typed::<u64>("max_completion_tokens", "a non-negative integer")?;
         let legacy = request.typed::<u64>("max_tokens", "a non-negative integer")?;
-        request.max_tokens = completion.or(legacy);
+        let output = request.typed::<u64>("max_output_tokens", "a non-negative integer")?;
+        request.max_tokens = completion.or(legacy).or(output);
+        request.include_usage = request
+            .typed::<StreamOptions>("stream_options", "an object")?
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
         match operation {
             Operation::ChatCompletions => request.require_array("messages")?,
             Operation::Embeddings => request.require_present("input")?,
+            Operation::Responses => {
+                request.previous_response_id =
+                    request.typed::<String>("previous_response_id", "a string")?;
+            }
         }
         Ok(request)
     }
@@ -97,14 +115,59 @@ impl ClientRequest {
     pub fn estimated_tokens(&self, operation: Operation) -> u64 {
         let prompt = (self.raw.len() as u64).div_ceil(4);
         match operation {
-            Operation::ChatCompletions => {
+            Operation::ChatCompletions | Operation::Responses => {
                 prompt + self.max_tokens.unwrap_or(DEFAULT_COMPLETION_ESTIMATE)
             }
             Operation::Embeddings => prompt,
         }
     }
 
-    fn field(&self, name: &str) -> Option<&RawValue> {
+    /// The gateway's count of the prompt, for usage an upstream did not report: the text of
+    /// `messages`, `input`, `instructions` and `system`, about four characters a token, plus
+    /// three tokens of framing per message.
+    pub fn prompt_estimate(&self) -> u64 {
+        let mut chars = 0;
+        let mut messages = 0;
+        for name in ["messages", "input", "instructions", "system"] {
+            let Some(value) = self
+                .field(name)
+                .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+            else {
+                continue;
+            };
+            messages += value.as_array().map_or(1, Vec::len);
+            chars += text_chars(&value);
+        }
+        crate::usage::estimate_tokens(chars) + 3 * messages as u64
+    }
+
+    /// The client's `stream_options` with `include_usage: true` added, as JSON.
+    pub fn stream_options_with_usage(&self) -> String {
+        let mut options = self
+            .field("stream_options")
+            .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+            .filter(serde_json::Value::is_object)
+            .unwrap_or_else(|| serde_json::json!({}));
+        options["include_usage"] = serde_json::Value::Bool(true);
+        options.to_string()
+    }
+
+    /// The body with each `(name, json)` field replaced (or added); the others as they came.
+    pub fn with_fields(&self, changes: &[(&str, String)]) -> Bytes {
+        let mut fields = self.fields.clone();
+        for (name, json) in changes {
+            let Ok(value) = RawValue::from_string(json.clone()) else {
+                continue;
+            };
+            match fields.iter_mut().find(|(k, _)| k == name) {
+                Some((_, slot)) => *slot = value,
+                None => fields.push(((*name).to_owned(), value)),
+            }
+        }
+        serialize(&fields, None)
+    }
+
+    pub(crate) fn field(&self, name: &str) -> Option<&RawValue> {
         self.fields
             .iter()
             .find(|(k, _)| k == name)
@@ -182,7 +245,29 @@ impl ClientRequest {
             model: self.model.clone(),
             stream: self.stream,
             max_tokens: self.max_tokens,
+            include_usage: self.include_usage,
+            previous_response_id: self.previous_response_id.clone(),
         })
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// The characters of every string in a JSON value except the structural ones (roles, types, ids).
+fn text_chars(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::String(s) => s.chars().count(),
+        serde_json::Value::Array(items) => items.iter().map(text_chars).sum(),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "role" | "type" | "id" | "tool_call_id" | "detail"))
+            .map(|(_, v)| text_chars(v))
+            .sum(),
+        _ => 0,
     }
 }
 

@@ -1,10 +1,14 @@
 //! Choosing targets (contract section 2.1, rules 1 and 2): the alias's targets minus those the
 //! tenant may not reach or the state excludes; then the lowest priority group, split by weight.
+//! What the shared state says about the targets (not-served, cooldowns, breakers, backend usage)
+//! is read in one round trip per plan.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use onedoor_config::{Alias, BackendId, Tenant};
-use onedoor_state::{now_ms, Exclusion};
+use onedoor_state::{
+    now_ms, BackendQuery, Exclusion, MeterUsage, RoutingQuery, State, TargetView, Unavailable,
+};
 
 use crate::provider;
 use crate::request::Operation;
@@ -52,22 +56,27 @@ pub enum Excluded {
 pub struct Plan {
     pub candidates: Vec<Candidate>,
     pub excluded: Vec<(Candidate, Excluded)>,
+    /// Each metered backend's usage across instances when the plan was made, by backend id.
+    pub usage: Vec<Option<MeterUsage>>,
 }
 
 /// The candidates of `alias` for this tenant; `requested` names the deployment on `"*"` targets.
-pub fn plan(
+/// `Err` only when the shared state cannot be read and `on_store_error` is `fail_closed`.
+pub async fn plan(
     runtime: &Runtime,
     alias: &Alias,
     requested: &str,
     tenant: &Tenant,
     operation: Operation,
-) -> Plan {
+) -> Result<Plan, Unavailable> {
     let snapshot = &runtime.snapshot;
-    let now = now_ms();
     let mut plan = Plan {
         candidates: Vec::with_capacity(alias.targets.len()),
         excluded: Vec::new(),
+        usage: vec![None; snapshot.backends.len()],
     };
+    // What the config and this instance's flags decide first; the state only for the rest.
+    let mut open = Vec::with_capacity(alias.targets.len());
     for target in &alias.targets {
         let Some(backend) = snapshot.backends.get(target.backend) else {
             continue;
@@ -84,52 +93,92 @@ pub fn plan(
             Some(Excluded::Region)
         } else if !provider::supports(backend, operation) {
             Some(Excluded::Unsupported)
-        } else if let Some(reason) = runtime.fleet.exclusion(target.backend) {
-            Some(reason)
         } else {
-            let breaker = runtime
-                .breakers
-                .blocked_until(target.backend, now)
-                .map(|until_ms| Excluded::BreakerOpen { until_ms });
-            match runtime
-                .state
-                .exclusion(&backend.name, &candidate.deployment, now)
-            {
-                Some(Exclusion::NotServed { .. }) => Some(Excluded::NotServed),
-                // Whichever keeps the target out longer is the one that says when to come back.
-                Some(Exclusion::CoolingDown { until_ms }) => match breaker {
-                    Some(Excluded::BreakerOpen { until_ms: open }) if open > until_ms => breaker,
-                    _ => Some(Excluded::CoolingDown { until_ms }),
-                },
-                None => breaker,
-            }
+            runtime.fleet.exclusion(target.backend)
         };
         match exclusion {
             Some(reason) => plan.excluded.push((candidate, reason)),
-            None => plan.candidates.push(candidate),
+            None => open.push(candidate),
         }
     }
-    prefer_known_servers(runtime, &mut plan, now);
-    plan
+    if open.is_empty() {
+        return Ok(plan);
+    }
+    let (targets, backends) = view_of(runtime, &open).await?;
+    let now = now_ms();
+    for (id, view) in &backends {
+        runtime.breakers.learn(*id, view.breaker, now);
+        if let Some(slot) = plan.usage.get_mut(*id) {
+            *slot = view.usage;
+        }
+    }
+    for (candidate, view) in open.into_iter().zip(targets) {
+        let breaker = runtime
+            .breakers
+            .blocked_until(candidate.backend, now)
+            .map(|until_ms| Excluded::BreakerOpen { until_ms });
+        let exclusion = match view.exclusion {
+            Some(Exclusion::NotServed { .. }) => Some(Excluded::NotServed),
+            // Whichever keeps the target out longer is the one that says when to come back.
+            Some(Exclusion::CoolingDown { remaining_ms }) => {
+                let until_ms = now + remaining_ms;
+                match breaker {
+                    Some(Excluded::BreakerOpen { until_ms: open }) if open > until_ms => breaker,
+                    _ => Some(Excluded::CoolingDown { until_ms }),
+                }
+            }
+            None => breaker,
+        };
+        match exclusion {
+            Some(reason) => plan.excluded.push((candidate, reason)),
+            None => plan.candidates.push(prefer_known(candidate, view.served)),
+        }
+    }
+    Ok(plan)
+}
+
+/// One read of the shared state for `open`'s targets and their backends.
+async fn view_of(
+    runtime: &Runtime,
+    open: &[Candidate],
+) -> Result<(Vec<TargetView>, Vec<(BackendId, onedoor_state::BackendView)>), Unavailable> {
+    let backends = &runtime.snapshot.backends;
+    let name = |id: BackendId| backends.get(id).map_or("?", |b| b.name.as_str());
+    let targets: Vec<(&str, &str)> = open
+        .iter()
+        .map(|c| (name(c.backend), c.deployment.as_str()))
+        .collect();
+    let mut ids: Vec<BackendId> = open.iter().map(|c| c.backend).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let query: Vec<BackendQuery<'_>> = ids
+        .iter()
+        .map(|&id| BackendQuery {
+            name: name(id),
+            breaker: runtime.breakers.record_id(id),
+            metered: runtime.load(id).is_some_and(|l| l.metered()),
+        })
+        .collect();
+    let view = runtime
+        .state
+        .routing(RoutingQuery {
+            targets: &targets,
+            backends: &query,
+        })
+        .await?;
+    Ok((view.targets, ids.into_iter().zip(view.backends).collect()))
 }
 
 /// Discovery asks unknown backends only when no backend known to serve the name is left: inside
 /// each priority group, the known ones come first (a priority of their own just before the rest).
-fn prefer_known_servers(runtime: &Runtime, plan: &mut Plan, now: u64) {
-    if !plan.candidates.iter().any(|c| c.discovery) {
-        return;
-    }
-    let backends = &runtime.snapshot.backends;
-    for candidate in &mut plan.candidates {
-        let known = candidate.discovery
-            && backends
-                .get(candidate.backend)
-                .is_some_and(|b| runtime.state.is_served(&b.name, &candidate.deployment, now));
+fn prefer_known(mut candidate: Candidate, served: bool) -> Candidate {
+    if candidate.discovery {
         candidate.priority = candidate
             .priority
             .saturating_mul(2)
-            .saturating_add(u32::from(!known));
+            .saturating_add(u32::from(!served));
     }
+    candidate
 }
 
 impl Plan {
@@ -222,6 +271,7 @@ mod tests {
         let plan = Plan {
             candidates: vec![candidate(2, 3), candidate(2, 1), candidate(1, 1)],
             excluded: vec![],
+            usage: vec![],
         };
         let turn = AtomicU64::new(0);
         let fit = |_: &Candidate| Fitness::default();
@@ -241,6 +291,7 @@ mod tests {
         let plan = Plan {
             candidates: vec![full, candidate(2, 1)],
             excluded: vec![],
+            usage: vec![],
         };
         let turn = AtomicU64::new(0);
         let fit = |c: &Candidate| Fitness {

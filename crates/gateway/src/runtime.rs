@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 use onedoor_config::Snapshot;
-use onedoor_state::State;
+use onedoor_state::Store;
+use onedoor_usage::Recorder;
 
 use crate::breaker::Breakers;
 use crate::fleet::Fleet;
 use crate::headroom::Load;
 use crate::provider;
+use crate::realtime::Sessions;
 use crate::upstream::{client_fits, client_for, UpstreamClient};
 
 pub struct Runtime {
@@ -20,17 +22,23 @@ pub struct Runtime {
     pub credentials: Vec<Option<(&'static str, HeaderValue)>>,
     /// One counter per alias (same index as `snapshot.aliases`), the last one for `"*"`.
     turns: Vec<AtomicU64>,
-    pub state: Arc<dyn State>,
+    /// The shared state: not-served cache, cooldowns, breaker records, meters.
+    pub state: Arc<Store>,
     /// One per backend (same index as `snapshot.backends`).
     pub loads: Vec<Arc<Load>>,
     /// Drained and health flags per backend (same index as `snapshot.backends`).
     pub fleet: Fleet,
     /// The circuit breaker of each backend that has one.
     pub breakers: Breakers,
+    /// Where finished requests go as usage records; shared by every runtime of the gateway.
+    pub recorder: Recorder,
+    /// Open realtime sessions; shared by every runtime of the gateway, so shutdown reaches
+    /// sessions that started on an older config.
+    pub sessions: Arc<Sessions>,
 }
 
 impl Runtime {
-    pub fn new(snapshot: Arc<Snapshot>, state: Arc<dyn State>) -> Self {
+    pub fn new(snapshot: Arc<Snapshot>, state: Arc<Store>) -> Self {
         let clients = snapshot.backends.iter().map(client_for).collect();
         let credentials = snapshot.backends.iter().map(provider::credential).collect();
         let turns = (0..=snapshot.aliases.len())
@@ -39,10 +47,14 @@ impl Runtime {
         let loads = snapshot
             .backends
             .iter()
-            .map(|_| Arc::new(Load::default()))
+            .map(|backend| {
+                let load = Arc::new(Load::default());
+                load.meter_in(&state, backend);
+                load
+            })
             .collect();
         let fleet = Fleet::new(&snapshot);
-        let breakers = Breakers::new(&snapshot, None);
+        let breakers = Breakers::new(&snapshot, None, state.clone());
         Runtime {
             snapshot,
             clients,
@@ -52,6 +64,8 @@ impl Runtime {
             loads,
             fleet,
             breakers,
+            recorder: Recorder::off(),
+            sessions: Arc::default(),
         }
     }
 
@@ -62,12 +76,15 @@ impl Runtime {
     pub fn next(&self, snapshot: Arc<Snapshot>) -> Runtime {
         let mut next = Runtime::new(snapshot, self.state.clone());
         next.fleet = Fleet::next(&next.snapshot, &self.fleet, &self.snapshot);
-        next.breakers = Breakers::new(&next.snapshot, Some(&self.breakers));
+        next.breakers = Breakers::new(&next.snapshot, Some(&self.breakers), self.state.clone());
+        next.recorder = crate::recording::carry_over(&self.recorder, &next.snapshot);
+        next.sessions = self.sessions.clone();
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&backend.name) else {
                 continue;
             };
             if let (Some(load), Some(slot)) = (self.loads.get(old), next.loads.get_mut(id)) {
+                load.meter_in(&self.state, backend);
                 *slot = load.clone();
             }
             let same_client = self

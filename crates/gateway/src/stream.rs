@@ -1,7 +1,9 @@
-//! Relaying an OpenAI-shaped SSE stream (contract section 2.1, rule 4): events are framed, checked
-//! and forwarded as the upstream wrote them. Until the first content event the attempt can still
-//! fail over; after it, an upstream failure ends the caller's stream with an explicit error event,
-//! never a silent close.
+//! Relaying an SSE stream (contract section 2.1, rule 4): events are framed, passed through the
+//! provider's [`EventTranslator`] (OpenAI-shaped chunks go out as the upstream wrote them,
+//! Anthropic events become OpenAI chunks), checked and forwarded. Until the first content event
+//! the attempt can still fail over; after it, an upstream failure ends the caller's stream with an
+//! explicit error event, never a silent close. The stream's usage is reported when it ends, and
+//! told in a final SSE comment just before its terminal event.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,7 +18,9 @@ use tokio::time::{Duration, Instant};
 
 use crate::body::{Body, BoxError};
 use crate::headroom::InFlight;
+use crate::provider::EventTranslator;
 use crate::upstream::Failure;
+use crate::usage::{Usage, UsageSink, UsageSource};
 
 /// Splits a byte stream into SSE events (each ending in a blank line).
 #[derive(Default)]
@@ -56,7 +60,7 @@ fn find_event_end(buffer: &[u8]) -> Option<usize> {
 }
 
 /// The `data:` payload of an event (multi-line data joined by `\n`).
-fn event_data(event: &[u8]) -> Vec<u8> {
+pub fn event_data(event: &[u8]) -> Vec<u8> {
     let mut data = Vec::new();
     for line in event.split(|b| *b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -192,6 +196,10 @@ pub struct Relay {
     transcript: Option<Transcript>,
     /// On a continuation: the caller's stream identity its chunks are rewritten to.
     rewrite: Option<Identity>,
+    /// The upstream's events in the shape the relay sends (identity for OpenAI-shaped chat).
+    translator: Box<dyn EventTranslator>,
+    /// The event that ends the stream (`[DONE]`, an error), held back until the usage is told.
+    terminal: Option<Bytes>,
 }
 
 /// The `id`, `created` and `model` of the caller's stream; a continuation's chunks carry them too,
@@ -277,54 +285,68 @@ impl Relay {
         }
     }
 
-    /// Takes complete events out of the framer; returns whether the upstream is finished.
+    /// Takes complete events out of the framer; returns the most telling kind among them.
     fn absorb(&mut self, data: &[u8]) -> Option<EventKind> {
         self.framer.push(data);
         let mut notable = None;
+        let mut translated = Vec::new();
         while let Some(event) = self.framer.next_event() {
-            let kind = classify(&event);
-            match kind {
-                EventKind::Malformed => {
-                    self.malformed += 1;
-                    tracing::debug!("dropped a malformed upstream stream event");
-                    continue;
+            self.translator.translate(event, &mut translated);
+            for (kind, event) in translated.drain(..) {
+                self.take(kind, event, &mut notable);
+                if self.finished {
+                    return notable;
                 }
-                EventKind::Empty => continue,
-                EventKind::FilterOnly if self.rules.drop_filter_chunks => continue,
-                EventKind::Content { finished } => {
-                    self.saw_finish |= finished;
-                    notable.get_or_insert(kind);
-                }
-                EventKind::Done | EventKind::Error => {
-                    self.finished = true;
-                    notable = Some(kind);
-                    self.ready.push_back(event);
-                    break;
-                }
-                EventKind::FilterOnly | EventKind::Meta => {}
             }
-            let event = match (&self.rewrite, kind) {
-                (None, _) => event,
-                (Some(_), EventKind::FilterOnly) => continue,
-                (Some(_), EventKind::Meta)
-                    if event_json(&event).is_some_and(|v| {
-                        v["choices"].as_array().is_some_and(|c| !c.is_empty())
-                    }) =>
-                {
-                    continue
-                }
-                (Some(identity), _) => match rewritten(&event, identity) {
-                    Some(event) => event,
-                    None => continue,
-                },
-            };
-            if let (Some(transcript), EventKind::Content { .. }) = (self.transcript.as_mut(), kind)
-            {
-                transcript.record(&event);
-            }
-            self.ready.push_back(event);
         }
         notable
+    }
+
+    /// Queues one translated event for the caller (or drops it, by the rules).
+    fn take(&mut self, kind: EventKind, event: Bytes, notable: &mut Option<EventKind>) {
+        match kind {
+            EventKind::Malformed => {
+                self.malformed += 1;
+                tracing::debug!("dropped a malformed upstream stream event");
+                return;
+            }
+            EventKind::Empty => return,
+            EventKind::FilterOnly if self.rules.drop_filter_chunks => return,
+            EventKind::Content { finished } => {
+                self.saw_finish |= finished;
+                notable.get_or_insert(kind);
+            }
+            EventKind::Done | EventKind::Error => {
+                self.finished = true;
+                *notable = Some(kind);
+                self.terminal = Some(event);
+                return;
+            }
+            EventKind::FilterOnly | EventKind::Meta => {}
+        }
+        let event = match (&self.rewrite, kind) {
+            (None, _) => event,
+            (Some(_), EventKind::FilterOnly) => return,
+            (Some(_), EventKind::Meta)
+                if event_json(&event)
+                    .is_some_and(|v| v["choices"].as_array().is_some_and(|c| !c.is_empty())) =>
+            {
+                return
+            }
+            (Some(identity), _) => match rewritten(&event, identity) {
+                Some(event) => event,
+                None => return,
+            },
+        };
+        if let (Some(transcript), EventKind::Content { .. }) = (self.transcript.as_mut(), kind) {
+            transcript.record(&event);
+        }
+        self.ready.push_back(event);
+    }
+
+    /// The stream's usage so far, as its translator counted it.
+    pub fn usage(&self) -> Usage {
+        self.translator.usage()
     }
 
     /// Reads until the first content event; failures before it are the attempt's failures.
@@ -332,8 +354,9 @@ impl Relay {
         body: Incoming,
         rules: StreamRules,
         first_token_by: Instant,
+        translator: Box<dyn EventTranslator>,
     ) -> Result<Relay, Failure> {
-        Self::open_with(body, rules, first_token_by, None).await
+        Self::open_with(body, rules, first_token_by, None, translator).await
     }
 
     /// Opens a continuation of the caller's stream `identity` (rule 5).
@@ -342,8 +365,9 @@ impl Relay {
         rules: StreamRules,
         first_token_by: Instant,
         identity: Identity,
+        translator: Box<dyn EventTranslator>,
     ) -> Result<Relay, Failure> {
-        Self::open_with(body, rules, first_token_by, Some(identity)).await
+        Self::open_with(body, rules, first_token_by, Some(identity), translator).await
     }
 
     async fn open_with(
@@ -351,6 +375,7 @@ impl Relay {
         rules: StreamRules,
         first_token_by: Instant,
         rewrite: Option<Identity>,
+        translator: Box<dyn EventTranslator>,
     ) -> Result<Relay, Failure> {
         let mut relay = Relay {
             body,
@@ -363,6 +388,8 @@ impl Relay {
             in_flight: None,
             transcript: rules.track_transcript.then(Transcript::default),
             rewrite,
+            translator,
+            terminal: None,
         };
         let until = first_token_by.min(rules.deadline);
         loop {
@@ -420,19 +447,38 @@ impl Relay {
         out.freeze()
     }
 
-    /// The upstream closed without `[DONE]`: finished at once when the answer was complete,
-    /// otherwise a cut.
+    /// The upstream closed without its terminal event: finished at once when the answer was
+    /// complete (the last event, if it lacked its blank line, still goes out), otherwise a cut.
     fn end_cleanly(&mut self) -> Step {
-        self.finished = true;
-        if let Some(rest) = self.framer.rest() {
-            if matches!(classify(&rest), EventKind::Content { finished: true }) {
-                self.saw_finish = true;
+        let mut rest = Vec::new();
+        if let Some(event) = self.framer.rest() {
+            self.translator.translate(event, &mut rest);
+        }
+        let completes = self.saw_finish
+            || rest
+                .iter()
+                .any(|(k, _)| matches!(k, EventKind::Content { finished: true } | EventKind::Done));
+        if !completes {
+            self.finished = true;
+            return Step::Cut("the upstream stream ended before the answer was complete".to_owned());
+        }
+        let mut notable = None;
+        for (kind, event) in rest {
+            if !self.finished {
+                self.take(kind, event, &mut notable);
             }
         }
-        if self.saw_finish {
-            Step::Data(Bytes::from_static(b"data: [DONE]\n\n"))
-        } else {
-            Step::Cut("the upstream stream ended before the answer was complete".to_owned())
+        if !self.finished {
+            let mut tail = Vec::new();
+            self.translator.finish(&mut tail);
+            for (kind, event) in tail {
+                self.take(kind, event, &mut notable);
+            }
+        }
+        self.finished = true;
+        match self.ready.pop_front() {
+            Some(first) => Step::Data(self.join(first)),
+            None => Step::End,
         }
     }
 
@@ -442,20 +488,14 @@ impl Relay {
         self
     }
 
-    pub fn into_body(self) -> Body {
-        Answering {
-            relay: self,
-            continuer: None,
-        }
-        .into_body()
+    /// The caller's stream from this relay alone.
+    pub fn answering(self) -> Answering {
+        Answering::new(self, None)
     }
 
     /// The caller's stream, continued by `continuer` if it is cut (rule 5).
     pub fn continued_by(self, continuer: Box<dyn Continuer>) -> Answering {
-        Answering {
-            relay: self,
-            continuer: Some(continuer),
-        }
+        Answering::new(self, Some(continuer))
     }
 }
 
@@ -480,25 +520,73 @@ pub trait Continuer: Send {
 pub struct Answering {
     relay: Relay,
     continuer: Option<Box<dyn Continuer>>,
+    /// Where the usage goes when the stream ends.
+    sink: Option<UsageSink>,
+    /// The usage of relays a continuation replaced.
+    spent: Option<Usage>,
+    ended: bool,
 }
 
 impl Answering {
+    fn new(relay: Relay, continuer: Option<Box<dyn Continuer>>) -> Self {
+        Answering {
+            relay,
+            continuer,
+            sink: None,
+            spent: None,
+            ended: false,
+        }
+    }
+
+    /// Reports the stream's usage to `sink` when it ends.
+    pub fn reporting(mut self, sink: UsageSink) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
     async fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.ended {
+            return None;
+        }
         loop {
             match self.relay.step().await {
                 Step::Data(bytes) => return Some(bytes),
-                Step::End => return None,
+                Step::End => {
+                    let terminal = self.relay.terminal.take();
+                    return Some(self.end(terminal));
+                }
                 Step::Cut(reason) => {
                     if let Some(next) = self.continuation().await {
                         tracing::info!(reason, "a cut stream is continued by another target");
-                        self.relay = next;
+                        let cut = std::mem::replace(&mut self.relay, next);
+                        self.spent = Some(self.spent.map_or(cut.usage(), |s| s.plus(cut.usage())));
                         continue;
                     }
                     tracing::warn!(reason, "stream cut after content reached the caller");
-                    return Some(error_event(&reason));
+                    let failure = self.relay.translator.failure_event(&reason);
+                    return Some(self.end(Some(failure)));
                 }
             }
         }
+    }
+
+    /// The usage comment and the terminal event; the usage is reported and settled.
+    fn end(&mut self, terminal: Option<Bytes>) -> Bytes {
+        self.ended = true;
+        let own = self.relay.usage();
+        let usage = self.spent.map_or(own, |s| s.plus(own));
+        if let (Some(in_flight), UsageSource::Measured) = (self.relay.in_flight.as_mut(), own.source)
+        {
+            in_flight.settle(own.total_tokens(), onedoor_state::now_ms());
+        }
+        if let Some(sink) = self.sink.take() {
+            sink.report(usage);
+        }
+        let mut out = BytesMut::from(usage.sse_comment().as_bytes());
+        if let Some(terminal) = terminal {
+            out.extend_from_slice(&terminal);
+        }
+        out.freeze()
     }
 
     async fn continuation(&mut self) -> Option<Relay> {

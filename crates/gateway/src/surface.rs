@@ -12,6 +12,20 @@ pub enum Dialect {
     OpenAi,
     /// `/openai/...`: Azure-style. Azure's stream chunks are kept as they came.
     Azure,
+    /// `/v1/messages`: Anthropic Messages, translated at the door and on the way out.
+    Anthropic,
+}
+
+/// The dialect a path speaks, for answers given before (or without) a route: errors included.
+pub fn dialect_of(path: &str) -> Dialect {
+    let path = path.trim_end_matches('/');
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        Dialect::Anthropic
+    } else if path.starts_with("/openai/") {
+        Dialect::Azure
+    } else {
+        Dialect::OpenAi
+    }
 }
 
 /// Where the alias of a model call is named.
@@ -23,6 +37,17 @@ pub enum AliasSource {
     Path(String),
 }
 
+/// Which realtime URL a WebSocket handshake came to; each names its alias in its own query field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RealtimePath {
+    /// `/v1/realtime?model={alias}` (OpenAI clients).
+    OpenAi,
+    /// `/openai/realtime?deployment={alias}&api-version=...` (Azure clients, beta protocol).
+    Azure,
+    /// `/openai/v1/realtime?model={alias}` (Azure clients on the v1 surface).
+    AzureV1,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     Call {
@@ -31,6 +56,8 @@ pub enum Route {
         alias: AliasSource,
     },
     Models,
+    /// A realtime WebSocket handshake.
+    Realtime(RealtimePath),
     Healthz,
     Readyz,
 }
@@ -41,6 +68,17 @@ pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
         ["healthz"] => (Route::Healthz, Method::GET),
         ["readyz"] => (Route::Readyz, Method::GET),
         ["v1", "models"] | ["openai", "v1", "models"] => (Route::Models, Method::GET),
+        ["v1", "messages"] => (
+            Route::Call {
+                operation: Operation::ChatCompletions,
+                dialect: Dialect::Anthropic,
+                alias: AliasSource::Body,
+            },
+            Method::POST,
+        ),
+        ["v1", "realtime"] => (Route::Realtime(RealtimePath::OpenAi), Method::GET),
+        ["openai", "realtime"] => (Route::Realtime(RealtimePath::Azure), Method::GET),
+        ["openai", "v1", "realtime"] => (Route::Realtime(RealtimePath::AzureV1), Method::GET),
         ["v1", rest @ ..] => (
             call(rest, Dialect::OpenAi, AliasSource::Body, path)?,
             Method::POST,
@@ -72,6 +110,7 @@ fn call(
     let operation = match rest {
         ["chat", "completions"] => Operation::ChatCompletions,
         ["embeddings"] => Operation::Embeddings,
+        ["responses"] if matches!(alias, AliasSource::Body) => Operation::Responses,
         _ => return Err(no_route(path)),
     };
     Ok(Route::Call {
@@ -137,7 +176,34 @@ mod tests {
             }
         );
         assert_eq!(route(&Method::GET, "/v1/models").unwrap(), Route::Models);
+        let messages = route(&Method::POST, "/v1/messages").unwrap();
+        assert_eq!(
+            messages,
+            Route::Call {
+                operation: Operation::ChatCompletions,
+                dialect: Dialect::Anthropic,
+                alias: AliasSource::Body
+            }
+        );
+        assert_eq!(dialect_of("/v1/messages"), Dialect::Anthropic);
+        let responses = route(&Method::POST, "/v1/responses").unwrap();
+        assert!(matches!(
+            responses,
+            Route::Call {
+                operation: Operation::Responses,
+                dialect: Dialect::OpenAi,
+                ..
+            }
+        ));
         assert_eq!(route(&Method::GET, "/readyz").unwrap(), Route::Readyz);
+        assert_eq!(
+            route(&Method::GET, "/openai/realtime").unwrap(),
+            Route::Realtime(RealtimePath::Azure)
+        );
+        assert!(matches!(
+            route(&Method::POST, "/v1/realtime"),
+            Err(GatewayError::MethodNotAllowed(_))
+        ));
     }
 
     #[test]

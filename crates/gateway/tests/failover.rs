@@ -526,3 +526,23 @@ async fn running_out_of_total_time_answers_upstream_timeout() {
     assert_eq!(answer.code(), "upstream_timeout");
     assert_eq!(answer.attempts(), "hangs=timeout");
 }
+
+#[tokio::test]
+async fn a_name_no_reachable_backend_serves_is_model_not_found_on_the_discovery_alias() {
+    let down = closed_port();
+    let h = Harness::start(
+        vec![azure("a", "swedencentral", &["gpt-4o"]), azure("b", "swedencentral", &["gpt-4o"])],
+        &format!(
+            "backends:\n  - {{ name: down, provider: azure, region: swedencentral, url: \"http://127.0.0.1:{down}\" }}\n{}{}models:\n  - name: \"*\"\n    targets:\n      - {{ backends: [down, a, b] }}\n",
+            backend("a"),
+            backend("b")
+        ),
+    )
+    .await;
+    for _ in 0..2 {
+        let answer = h.chat("no-such-model").await;
+        assert_eq!(answer.status, 404, "{}", answer.body);
+        assert_eq!(answer.code(), "model_not_found");
+    }
+    assert_eq!(h.endpoint("a").requests("no-such-model"), 1, "the not-served answer was not remembered");
+}

@@ -7,7 +7,9 @@ use serde_json::{json, Value};
 use crate::dialect::{self, Ctx, Op, Payload, Reject, Route, Wire};
 use crate::ident;
 use crate::quota::{Kind, Snapshot};
-use crate::reply::{Finish, Reply};
+use bytes::Bytes;
+
+use crate::reply::{Finish, Reply, ToolCall};
 use crate::request::Chat;
 use crate::response::put;
 use crate::stream::{named_event, Script};
@@ -70,6 +72,7 @@ impl Wire for Anthropic {
                 rate_limit_message(throttle.as_ref()),
             ),
             Reject::Status(status) => injected(*status),
+            Reject::UnknownResponse(_) => (StatusCode::NOT_FOUND, "Not Found".to_owned()),
         };
         (status, error_body(status, &message, &ctx.request_id))
     }
@@ -189,7 +192,17 @@ fn stop_reason(reply: &Reply) -> &'static str {
     match reply.finish {
         Finish::Stop => "end_turn",
         Finish::Length => "max_tokens",
+        Finish::ToolCalls => "tool_use",
     }
+}
+
+fn tool_id() -> String {
+    ident::token("toolu_01", 22)
+}
+
+/// A tool call's input object (the reply keeps it serialised).
+fn input(call: &ToolCall) -> Value {
+    serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}))
 }
 
 impl Message<'_> {
@@ -213,12 +226,35 @@ impl Message<'_> {
     }
 
     fn whole(&self, reply: &Reply) -> Value {
-        let content = json!([{"type": "text", "text": reply.text()}]);
-        self.envelope(content, Some(stop_reason(reply)), reply.tokens())
+        let mut content = vec![json!({"type": "text", "text": reply.text()})];
+        for call in &reply.tool_calls {
+            content.push(json!({"type": "tool_use", "id": tool_id(), "name": call.name, "input": input(call)}));
+        }
+        self.envelope(json!(content), Some(stop_reason(reply)), reply.tokens())
     }
 
-    /// message_start, content_block_start, ping, one delta per word, content_block_stop,
-    /// message_delta (cumulative usage), message_stop. No [DONE]: message_stop ends it.
+    /// One tool_use block at `index`: its start (input always `{}`), an empty first fragment,
+    /// the input JSON in two fragments, its stop.
+    fn tool_events(index: usize, call: &ToolCall) -> Vec<Bytes> {
+        let start = json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": tool_id(), "name": call.name, "input": {}}});
+        let split = call.arguments.len() / 2;
+        let split = (split..=call.arguments.len())
+            .find(|i| call.arguments.is_char_boundary(*i))
+            .unwrap_or(call.arguments.len());
+        let (head, tail) = call.arguments.split_at(split);
+        let mut events = vec![named_event("content_block_start", &start)];
+        for fragment in ["", head, tail] {
+            let delta = json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": fragment}});
+            events.push(named_event("content_block_delta", &delta));
+        }
+        let stop = json!({"type": "content_block_stop", "index": index});
+        events.push(named_event("content_block_stop", &stop));
+        events
+    }
+
+    /// message_start, content_block_start, ping, one delta per word, content_block_stop, a
+    /// tool_use block per tool call, message_delta (cumulative usage), message_stop. No
+    /// [DONE]: message_stop ends it.
     fn events(&self, reply: &Reply) -> Script {
         let preamble = vec![
             named_event(
@@ -231,7 +267,7 @@ impl Message<'_> {
             ),
             named_event("ping", &json!({"type": "ping"})),
         ];
-        let content = reply
+        let mut content: Vec<Bytes> = reply
             .chunks
             .iter()
             .map(|w| {
@@ -239,21 +275,31 @@ impl Message<'_> {
                 named_event("content_block_delta", &delta)
             })
             .collect();
+        let text_stop = named_event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+        );
+        if !reply.tool_calls.is_empty() {
+            content.push(text_stop.clone());
+            for (i, call) in reply.tool_calls.iter().enumerate() {
+                content.extend(Self::tool_events(i + 1, call));
+            }
+        }
         let usage = json!({
             "input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0, "output_tokens": reply.tokens(),
         });
-        let tail = vec![
-            named_event(
-                "content_block_stop",
-                &json!({"type": "content_block_stop", "index": 0}),
-            ),
+        let mut tail = Vec::new();
+        if reply.tool_calls.is_empty() {
+            tail.push(text_stop);
+        }
+        tail.extend([
             named_event(
                 "message_delta",
                 &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(reply), "stop_sequence": null}, "usage": usage}),
             ),
             named_event("message_stop", &json!({"type": "message_stop"})),
-        ];
+        ]);
         Script {
             preamble,
             content,

@@ -21,8 +21,12 @@ impl Wire for Azure {
         }
         if let Some(rest) = path.strip_prefix("/openai/v1/") {
             // The v1 surface takes the deployment from the body and needs no dated api-version.
+            let op = match rest {
+                "responses" => Op::Responses,
+                other => operation(other)?,
+            };
             return Ok(Route {
-                op: operation(rest)?,
+                op,
                 deployment: None,
                 api_version: Some("v1".to_owned()),
             });
@@ -79,6 +83,7 @@ impl Wire for Azure {
                 rate_limited(ctx, kind, *retry_after_s)
             }
             Reject::Status(status) => injected(*status, ctx),
+            Reject::UnknownResponse(id) => openai::unknown_response(id),
         }
     }
 

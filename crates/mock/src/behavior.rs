@@ -27,4 +27,8 @@ pub struct Behavior {
     pub retry_after_s: Option<u64>,
     /// Length of the reply in words (default 8).
     pub reply_words: Option<u32>,
+    /// Answer like a lax OpenAI-compatible server (OpenAI dialect): no usage at all (not even
+    /// when a stream asks for it), every streamed tool call at index 0, arguments as a JSON
+    /// object instead of a string, and `finish_reason: "stop"` after tool calls.
+    pub compat_quirks: bool,
 }

@@ -1,6 +1,8 @@
 //! The `/_mock/` control surface: stats, runtime behaviour changes and reset, over HTTP on the
 //! endpoint's own port.
 
+use std::sync::atomic::Ordering;
+
 use hyper::http::request::Parts;
 use hyper::{Method, Response, StatusCode};
 use serde_json::{json, Value};
@@ -33,6 +35,10 @@ fn stats(shared: &Shared) -> Value {
         "total": shared.total(),
         "cancelled": shared.cancelled(),
         "deployments": shared.per_deployment(),
+        "realtime": {
+            "sessions": shared.realtime.sessions.load(Ordering::Relaxed),
+            "open": shared.realtime.open.load(Ordering::Relaxed),
+        },
     })
 }
 

@@ -15,6 +15,8 @@ pub enum Op {
     Chat,
     Embeddings,
     Models,
+    /// The OpenAI Responses API.
+    Responses,
 }
 
 /// Where a request is going, as far as the URL says.
@@ -48,6 +50,8 @@ pub enum Reject {
     },
     /// An injected status, answered with the dialect's body for it.
     Status(u16),
+    /// A Responses follow-up names a response this endpoint does not hold.
+    UnknownResponse(String),
 }
 
 impl Reject {

@@ -18,12 +18,16 @@ use crate::quota::{Limits, Snapshot};
 use crate::reply::Reply;
 use crate::state::{lock, Deployment, Shared};
 use crate::stream::{self, Body, Watch};
+use crate::realtime::{self, Upgrade};
+use crate::request::Chat;
 use crate::{control, embeddings, openai, response, Behavior};
 
-/// Serves one request. `kill` asks the connection to die without an answer.
+/// Serves one request. `kill` asks the connection to die without an answer; an accepted
+/// WebSocket handshake leaves its session in `upgrade` for the connection to run.
 pub async fn handle(
     shared: Arc<Shared>,
     kill: Arc<Notify>,
+    upgrade: Arc<Upgrade>,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let (parts, body) = request.into_parts();
@@ -33,6 +37,12 @@ pub async fn handle(
     };
     if parts.uri.path().starts_with("/_mock/") {
         return Ok(control::answer(&shared, &parts, &body));
+    }
+    if realtime::is_upgrade(&parts) {
+        return Ok(match realtime::handshake(&shared, &parts, &upgrade).await {
+            Ok(switching) => switching,
+            Err(refusal) => realtime::refused(refusal, &kill).await,
+        });
     }
     let watch = Watch::new(shared.counters.clone());
     Ok(Exchange::new(&shared, &parts, &body)
@@ -178,6 +188,7 @@ impl<'a> Exchange<'a> {
         let body = self.body.as_ref().map_err(Clone::clone)?;
         match route.op {
             Op::Embeddings => self.embeddings(deployment, body),
+            Op::Responses => self.responses(deployment, body),
             _ => self.chat(deployment, body),
         }
     }
@@ -221,13 +232,32 @@ impl<'a> Exchange<'a> {
         }
         let quota = self.admit(d, chat.cost())?;
         let who = format!("{}/{}", self.shared.spec.name, d.spec.name);
-        let reply = Reply::compose(
-            &who,
-            self.behavior.reply_words,
-            chat.prefill,
-            chat.max_tokens,
-        );
+        let mut reply = Reply::answer(&who, self.behavior.reply_words, &chat);
+        reply.quirks = self.behavior.compat_quirks;
         Ok((self.wire.chat(&chat, &reply, &d.spec.model), Some(quota)))
+    }
+
+    /// The Responses API: a follow-up must name a response this endpoint stored.
+    fn responses(
+        &self,
+        d: &Deployment,
+        body: &Value,
+    ) -> Result<(Payload, Option<Snapshot>), Failure> {
+        let chat = Chat::responses(body)?;
+        if let Some(previous) = &chat.previous_response_id {
+            if !self.shared.has_response(previous) {
+                return Err(Reject::UnknownResponse(previous.clone()).into());
+            }
+        }
+        let quota = self.admit(d, chat.cost())?;
+        let who = format!("{}/{}", self.shared.spec.name, d.spec.name);
+        let reply = Reply::compose(&who, self.behavior.reply_words, false, chat.max_tokens);
+        let id = crate::ident::token("resp_", 40);
+        if body["store"].as_bool() != Some(false) {
+            self.shared.store_response(&id);
+        }
+        let payload = crate::responses::answer(&chat, &reply, &d.spec.model, &id);
+        Ok((payload, Some(quota)))
     }
 
     fn embeddings(

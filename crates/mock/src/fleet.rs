@@ -1,13 +1,14 @@
 //! Starting, observing, steering and stopping a set of simulated endpoints.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::state::Shared;
-use crate::{server, Behavior, Dialect, EndpointSpec};
+use crate::state::{lock, Shared};
+use crate::{server, Behavior, Dialect, EndpointSpec, RealtimeHandshake};
 
 /// A running endpoint. Dropping it stops it.
 pub struct Endpoint {
@@ -78,6 +79,26 @@ impl Endpoint {
 
     pub fn reset_counters(&self) {
         self.shared.reset_counters();
+    }
+
+    /// Realtime sessions accepted (since the start or the last counter reset).
+    pub fn realtime_sessions(&self) -> u64 {
+        self.shared.realtime.sessions.load(Ordering::Relaxed)
+    }
+
+    /// Realtime sessions open now.
+    pub fn realtime_open(&self) -> u64 {
+        self.shared.realtime.open.load(Ordering::Relaxed)
+    }
+
+    /// The last close frame a realtime client sent: `Some(None)` for one without a status code.
+    pub fn last_realtime_close(&self) -> Option<Option<(u16, String)>> {
+        lock(&self.shared.realtime.last_close).clone()
+    }
+
+    /// What the last realtime handshake carried (path, subprotocols, beta header, credential).
+    pub fn last_realtime_handshake(&self) -> Option<RealtimeHandshake> {
+        lock(&self.shared.realtime.last_handshake).clone()
     }
 
     async fn stop(mut self) {

@@ -16,9 +16,11 @@ mod fleet;
 mod ident;
 mod openai;
 mod quota;
+mod realtime;
 mod reply;
 mod request;
 mod response;
+mod responses;
 mod server;
 mod spec;
 mod state;
@@ -27,5 +29,6 @@ mod yaml;
 
 pub use behavior::Behavior;
 pub use fleet::{Endpoint, Fleet};
+pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};
 pub use yaml::{run_from_yaml, specs_from_yaml};

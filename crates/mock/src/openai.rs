@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::dialect::{self, Ctx, Op, Payload, Reject, Route, Wire};
 use crate::ident;
 use crate::quota::{Kind, Snapshot};
-use crate::reply::{Finish, Reply};
+use crate::reply::{Finish, Reply, ToolCall};
 use crate::request::Chat;
 use crate::response::put;
 use crate::state::Shared;
@@ -24,6 +24,7 @@ impl Wire for OpenAi {
         let op = match (method, path) {
             (&Method::POST, "/v1/chat/completions") => Op::Chat,
             (&Method::POST, "/v1/embeddings") => Op::Embeddings,
+            (&Method::POST, "/v1/responses") => Op::Responses,
             (&Method::GET, "/v1/models") => Op::Models,
             _ => return Err(Reject::NoRoute),
         };
@@ -65,6 +66,7 @@ impl Wire for OpenAi {
                 retry_after_s,
             } => rate_limited(model, throttle.as_ref().map(|t| (t, *retry_after_s))),
             Reject::Status(status) => injected(*status, model),
+            Reject::UnknownResponse(id) => unknown_response(id),
         }
     }
 
@@ -95,6 +97,18 @@ pub fn envelope(
     code: Option<&str>,
 ) -> Value {
     json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
+}
+
+/// A Responses follow-up naming a response that is not stored here.
+pub fn unknown_response(id: &str) -> (StatusCode, Value) {
+    let message = format!("Previous response with id '{id}' not found.");
+    let body = envelope(
+        &message,
+        Some("invalid_request_error"),
+        Some("previous_response_id"),
+        Some("previous_response_not_found"),
+    );
+    (StatusCode::BAD_REQUEST, body)
 }
 
 fn invalid(message: &str) -> (StatusCode, Value) {
@@ -291,11 +305,35 @@ fn finish_reason(reply: &Reply) -> &'static str {
     match reply.finish {
         Finish::Stop => "stop",
         Finish::Length => "length",
+        // Lax servers say "stop" even when the turn ends in tool calls.
+        Finish::ToolCalls if reply.quirks => "stop",
+        Finish::ToolCalls => "tool_calls",
     }
 }
 
+/// Tool call arguments as OpenAI sends them (a JSON string), or as a lax server does (an object).
+fn arguments(call: &ToolCall, quirks: bool) -> Value {
+    match quirks {
+        true => serde_json::from_str(&call.arguments).unwrap_or(Value::Null),
+        false => json!(call.arguments),
+    }
+}
+
+fn call_id() -> String {
+    ident::token("call_", 24)
+}
+
 pub fn completion(chat: &Chat, reply: &Reply, model: &str) -> Value {
-    json!({
+    let mut message = json!({"role": "assistant", "content": reply.text(), "refusal": null, "annotations": []});
+    if !reply.tool_calls.is_empty() {
+        let calls: Vec<Value> = reply
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": arguments(c, reply.quirks)}}))
+            .collect();
+        message["tool_calls"] = json!(calls);
+    }
+    let mut body = json!({
         "id": ident::token("chatcmpl-", 29),
         "object": "chat.completion",
         "created": ident::unix_now(),
@@ -303,13 +341,41 @@ pub fn completion(chat: &Chat, reply: &Reply, model: &str) -> Value {
         "system_fingerprint": FINGERPRINT,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": reply.text(), "refusal": null, "annotations": []},
+            "message": message,
             "logprobs": null,
             "finish_reason": finish_reason(reply),
         }],
         "usage": usage(chat.prompt_tokens, reply.tokens()),
         "service_tier": "default",
-    })
+    });
+    if reply.quirks {
+        if let Some(body) = body.as_object_mut() {
+            body.remove("usage");
+        }
+    }
+    body
+}
+
+/// The deltas of one streamed tool call: id and name first, then the arguments in two
+/// fragments; a lax server sends it all at once, at index 0, with arguments as an object.
+fn tool_call_deltas(index: usize, call: &ToolCall, quirks: bool) -> Vec<Value> {
+    if quirks {
+        let whole = json!({"index": 0, "id": call_id(), "type": "function", "function": {"name": call.name, "arguments": arguments(call, true)}});
+        return vec![json!({"tool_calls": [whole]})];
+    }
+    let first = json!({"index": index, "id": call_id(), "type": "function", "function": {"name": call.name, "arguments": ""}});
+    let middle = call
+        .arguments
+        .char_indices()
+        .map(|(i, _)| i)
+        .nth(call.arguments.chars().count() / 2)
+        .unwrap_or(call.arguments.len());
+    let (head, tail) = call.arguments.split_at(middle);
+    let mut deltas = vec![json!({"tool_calls": [first]})];
+    for fragment in [head, tail].into_iter().filter(|f| !f.is_empty()) {
+        deltas.push(json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}));
+    }
+    deltas
 }
 
 /// A chat completion stream as JSON chunks, before framing, so Azure can annotate them.
@@ -342,7 +408,7 @@ pub fn chunks(chat: &Chat, reply: &Reply, model: &str) -> Chunks {
             "id": id, "object": "chat.completion.chunk", "created": created,
             "model": model, "system_fingerprint": FINGERPRINT, "choices": choices,
         });
-        if chat.include_usage {
+        if chat.include_usage && !reply.quirks {
             c["usage"] = Value::Null;
         }
         c
@@ -352,13 +418,18 @@ pub fn chunks(chat: &Chat, reply: &Reply, model: &str) -> Chunks {
         json!({"role": "assistant", "content": "", "refusal": null}),
         None,
     ))];
-    let content = reply
+    let mut content: Vec<Value> = reply
         .chunks
         .iter()
         .map(|w| chunk(choice(json!({"content": w}), None)))
         .collect();
+    for (i, call) in reply.tool_calls.iter().enumerate() {
+        for delta in tool_call_deltas(i, call, reply.quirks) {
+            content.push(chunk(choice(delta, None)));
+        }
+    }
     let mut tail = vec![chunk(choice(json!({}), Some(finish_reason(reply))))];
-    if chat.include_usage {
+    if chat.include_usage && !reply.quirks {
         let mut last = chunk(json!([]));
         last["usage"] = usage(chat.prompt_tokens, reply.tokens());
         tail.push(last);

@@ -1,4 +1,5 @@
-//! What the mock reads from a chat request: its size in tokens, its limits and its streaming options.
+//! What the mock reads from a chat request: its size in tokens, its limits, its streaming
+//! options, and the tools it offers (a simulated model calls them, then answers from their result).
 
 use serde_json::Value;
 
@@ -19,6 +20,21 @@ pub struct Chat {
     /// The last message is the assistant's, so the reply continues it.
     pub prefill: bool,
     pub flagged: bool,
+    /// The tools the model may call (none when `tool_choice` says none).
+    pub tools: Vec<Tool>,
+    /// More than one tool may be called in one turn.
+    pub parallel_tools: bool,
+    /// The last message is a tool result: its text, which the reply quotes.
+    pub tool_result: Option<String>,
+    /// Responses API: the stored response this request continues.
+    pub previous_response_id: Option<String>,
+}
+
+/// A tool offered to the model: its name and JSON schema.
+#[derive(Clone, Debug)]
+pub struct Tool {
+    pub name: String,
+    pub schema: Value,
 }
 
 impl Chat {
@@ -28,7 +44,33 @@ impl Chat {
             .get("max_completion_tokens")
             .or_else(|| body.get("max_tokens"))
             .and_then(Value::as_u64);
-        Chat::measure(body, messages(body)?, None, max_tokens)
+        let mut chat = Chat::measure(body, messages(body)?, None, max_tokens)?;
+        if body["tool_choice"] != "none" {
+            chat.tools = tools(&body["tools"], |t| {
+                (&t["function"]["name"], &t["function"]["parameters"])
+            });
+        }
+        chat.parallel_tools = body["parallel_tool_calls"].as_bool() != Some(false);
+        chat.tool_result = messages(body)?
+            .last()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| text_of(&m["content"]));
+        Ok(chat)
+    }
+
+    /// Reads a Responses API request: `input` (a string or items) and `instructions`.
+    pub fn responses(body: &Value) -> Result<Chat, Reject> {
+        let input = match body.get("input") {
+            None | Some(Value::Null) => return Err(Reject::Missing("input")),
+            Some(Value::String(s)) => vec![serde_json::json!({"role": "user", "content": s})],
+            Some(Value::Array(items)) => items.clone(),
+            Some(_) => return Err(Reject::Invalid("Invalid type for 'input'.".to_owned())),
+        };
+        let max_tokens = body.get("max_output_tokens").and_then(Value::as_u64);
+        let mut chat = Chat::measure(body, &input, body.get("instructions"), max_tokens)?;
+        chat.prefill = false;
+        chat.previous_response_id = body["previous_response_id"].as_str().map(str::to_owned);
+        Ok(chat)
     }
 
     /// Reads an Anthropic Messages request, where `max_tokens` is required and `system` is top-level.
@@ -40,7 +82,21 @@ impl Chat {
         let max_tokens = max_tokens.as_u64().ok_or_else(|| {
             Reject::Invalid("max_tokens: Input should be a valid integer".to_owned())
         })?;
-        Chat::measure(body, messages, body.get("system"), Some(max_tokens))
+        let mut chat = Chat::measure(body, messages, body.get("system"), Some(max_tokens))?;
+        if body["tool_choice"]["type"] != "none" {
+            chat.tools = tools(&body["tools"], |t| (&t["name"], &t["input_schema"]));
+        }
+        chat.parallel_tools = body["tool_choice"]["disable_parallel_tool_use"] != true;
+        chat.tool_result = messages.last().and_then(|m| {
+            let results: Vec<String> = m["content"]
+                .as_array()?
+                .iter()
+                .filter(|b| b["type"] == "tool_result")
+                .map(|b| text_of(&b["content"]))
+                .collect();
+            (!results.is_empty()).then(|| results.join(" "))
+        });
+        Ok(chat)
     }
 
     fn measure(
@@ -64,6 +120,10 @@ impl Chat {
                 .unwrap_or(false),
             prefill: messages.last().is_some_and(|m| m["role"] == "assistant"),
             flagged: texts.iter().any(|t| t.contains(FLAGGED_WORD)),
+            tools: Vec::new(),
+            parallel_tools: true,
+            tool_result: None,
+            previous_response_id: None,
         })
     }
 
@@ -71,6 +131,21 @@ impl Chat {
     pub fn cost(&self) -> u64 {
         self.prompt_tokens + self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)
     }
+}
+
+/// The tools of a request, each read by `fields` as (name, schema).
+fn tools(list: &Value, fields: impl Fn(&Value) -> (&Value, &Value)) -> Vec<Tool> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            let (name, schema) = fields(t);
+            Some(Tool {
+                name: name.as_str()?.to_owned(),
+                schema: schema.clone(),
+            })
+        })
+        .collect()
 }
 
 fn messages(body: &Value) -> Result<&[Value], Reject> {

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::dispatch;
+use crate::realtime::{self, Upgrade};
 use crate::state::Shared;
 
 /// Serves until aborted; aborting it also aborts every connection, since it owns their tasks.
@@ -37,13 +38,23 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     // Stream chunks must leave when written, not when Nagle decides.
     let _ = stream.set_nodelay(true);
     let kill = Arc::new(Notify::new());
+    let upgrade = Arc::new(Upgrade::default());
     let service = {
-        let kill = kill.clone();
-        service_fn(move |request| dispatch::handle(shared.clone(), kill.clone(), request))
+        let (kill, upgrade, shared) = (kill.clone(), upgrade.clone(), shared.clone());
+        service_fn(move |request| {
+            dispatch::handle(shared.clone(), kill.clone(), upgrade.clone(), request)
+        })
     };
+    // Without `with_upgrades`, hyper ends the connection future after a 101 and gives the socket
+    // back through `into_parts`, so a reset can still reach the raw stream below.
     let mut connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
     tokio::select! {
-        _ = &mut connection => {}
+        _ = &mut connection => {
+            if let Some(accepted) = upgrade.take() {
+                let parts = connection.into_parts();
+                realtime::run(parts.io.into_inner(), parts.read_buf, accepted, shared).await;
+            }
+        }
         () = kill.notified() => {
             // A zero linger makes the close a TCP reset, so the client sees the connection die
             // rather than a clean end of stream.

@@ -1,10 +1,11 @@
 //! The live state of one endpoint: its spec, current behaviours, counters and quota windows.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::quota::Window;
+use crate::realtime::RealtimeCounters;
 use crate::{Behavior, DeploymentSpec, EndpointSpec};
 
 /// A poisoned lock only means another request panicked mid-update; the counters are still usable.
@@ -29,10 +30,13 @@ pub struct Shared {
     pub spec: EndpointSpec,
     pub deployments: Vec<Deployment>,
     pub counters: Arc<Counters>,
+    pub realtime: RealtimeCounters,
     behavior: Mutex<Behavior>,
     overrides: Mutex<HashMap<String, Behavior>>,
     /// Requests seen under a nonzero error_rate, so failures are spread evenly rather than random.
     error_ticks: AtomicU64,
+    /// Ids of the Responses API answers this endpoint stored.
+    responses: Mutex<HashSet<String>>,
 }
 
 impl Shared {
@@ -50,13 +54,23 @@ impl Shared {
             spec,
             deployments,
             counters: Arc::default(),
+            realtime: RealtimeCounters::default(),
             overrides: Mutex::default(),
             error_ticks: AtomicU64::new(0),
+            responses: Mutex::default(),
         }
     }
 
     pub fn deployment(&self, name: &str) -> Option<&Deployment> {
         self.deployments.iter().find(|d| d.spec.name == name)
+    }
+
+    pub fn store_response(&self, id: &str) {
+        lock(&self.responses).insert(id.to_owned());
+    }
+
+    pub fn has_response(&self, id: &str) -> bool {
+        lock(&self.responses).contains(id)
     }
 
     pub fn set_behavior(&self, b: Behavior) {
@@ -123,6 +137,7 @@ impl Shared {
         self.counters.total.store(0, Ordering::Relaxed);
         self.counters.cancelled.store(0, Ordering::Relaxed);
         lock(&self.counters.per_deployment).clear();
+        self.realtime.sessions.store(0, Ordering::Relaxed);
         self.error_ticks.store(0, Ordering::Relaxed);
     }
 

@@ -9,6 +9,10 @@ use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
 use crate::keys::{new_key, sha256_hex};
 use crate::{problems_text, stopped, Failure};
 
+/// Where the demo records usage: the gateway's default file, so `onedoor usage report` without
+/// flags reads it.
+const DEMO_USAGE_FILE: &str = "onedoor-usage.db";
+
 /// Upstreams that answer like real ones: a first token after a pause, then a steady trickle.
 fn lifelike() -> Behavior {
     Behavior {
@@ -22,15 +26,19 @@ fn lifelike() -> Behavior {
 fn fleet_specs() -> Vec<EndpointSpec> {
     let gpt4o = || DeploymentSpec::new("gpt-4o").model("gpt-4o-2024-11-20");
     let embed = || DeploymentSpec::new("text-embedding-3-large");
+    let realtime = || DeploymentSpec::new("gpt-4o-realtime").model("gpt-4o-realtime-preview");
     vec![
         EndpointSpec::azure("sub1-swedencentral-ptu", "swedencentral")
             .deployment(gpt4o())
-            .deployment(embed()),
+            .deployment(embed())
+            .deployment(realtime()),
         EndpointSpec::azure("sub1-francecentral", "francecentral")
             .deployment(gpt4o())
             .deployment(DeploymentSpec::new("gpt-4o-mini").model("gpt-4o-mini-2024-07-18"))
             .deployment(embed()),
-        EndpointSpec::azure("sub2-norwayeast", "norwayeast").deployment(gpt4o()),
+        EndpointSpec::azure("sub2-norwayeast", "norwayeast")
+            .deployment(gpt4o())
+            .deployment(realtime()),
         EndpointSpec::azure("sub2-westeurope-throttled", "westeurope").deployment(gpt4o().rpm(1)),
         EndpointSpec::azure("sub3-eastus", "eastus")
             .deployment(gpt4o())
@@ -77,7 +85,7 @@ fn config_yaml(
     admin_token: &str,
 ) -> String {
     let azure = |name: &str, region: &str, url: &str| {
-        format!("  - {{ name: {name}, provider: azure, region: {region}, url: \"{url}\", api_version: 2024-10-21 }}\n")
+        format!("  - {{ name: {name}, provider: azure, region: {region}, url: \"{url}\", api_version: 2024-10-21, circuit_breaker: default }}\n")
     };
     let mut backends = String::new();
     for (name, region) in [
@@ -103,8 +111,14 @@ fn config_yaml(
     format!(
         r#"listen: 127.0.0.1:{port}
 admin: {{ listen: 127.0.0.1:0, token: "{admin_token}" }}
-usage: {{ store: "off" }}
+usage: {{ store: "sqlite://{DEMO_USAGE_FILE}" }}
 routing: {{ max_attempts: 4, not_served_ttl: 10m, timeouts: {{ connect: 1s, first_token: 20s }} }}
+circuit_breakers:
+  default:
+    rules:
+      - {{ name: unreachable, failures: {{ count: 2, within: 30s, status: [connect_error, timeout] }}, trip: 30s }}
+      - {{ name: server-errors, failures: {{ count: 5, within: 60s, status: [500-599] }}, trip: 15s }}
+      - {{ name: throttled, failures: {{ count: 1, within: 10s, status: [429] }}, trip: 5s, accept_retry_after: true }}
 regions:
   eu: [swedencentral, francecentral, norwayeast, westeurope]
   us: [eastus, eastus2]
@@ -129,6 +143,15 @@ backends:
   - name: chat-mini
     targets:
       - {{ backend: sub1-francecentral, deployment: gpt-4o-mini }}
+  - name: voice-default
+    targets:
+      - {{ backend: sub1-swedencentral-ptu, deployment: gpt-4o-realtime, priority: 1 }}
+      - {{ backend: sub2-norwayeast, deployment: gpt-4o-realtime, priority: 2 }}
+  - name: assistants
+    session_affinity: true
+    targets:
+      - {{ backend: sub1-francecentral, deployment: gpt-4o }}
+      - {{ backend: sub2-norwayeast, deployment: gpt-4o }}
   - name: embed-default
     targets:
       - {{ backend: sub1-swedencentral-ptu, deployment: text-embedding-3-large }}
@@ -192,9 +215,39 @@ print(reply.choices[0].message.content)
 print(len(client.embeddings.create(model="embed-default", input="Hello").data[0].embedding), "dimensions")
 PY
 
+An alias with session affinity: the answer carries a session token (x-onedoor-session, and a
+cookie); requests that send it back stay on the backend that holds the conversation:
+
+curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"assistants","messages":[{{"role":"user","content":"Hello"}}]}}'
+
+A realtime session over WebSocket (pip install "openai[realtime]"), routed once at the handshake
+and pinned to its backend until it closes:
+
+python3 - <<'PY'
+import asyncio, os
+from openai import AsyncOpenAI
+async def main():
+    client = AsyncOpenAI(base_url=os.environ["ONEDOOR_URL"] + "/v1", api_key=os.environ["ONEDOOR_KEY"])
+    async with client.realtime.connect(model="voice-default") as connection:
+        await connection.session.update(session={{"type": "realtime", "output_modalities": ["text"]}})
+        await connection.conversation.item.create(item={{"type": "message", "role": "user", "content": [{{"type": "input_text", "text": "Hello"}}]}})
+        await connection.response.create()
+        async for event in connection:
+            if event.type == "response.output_text.delta":
+                print(event.delta, end="", flush=True)
+            elif event.type == "response.done":
+                print()
+                break
+asyncio.run(main())
+PY
+
 What the gateway has learned (not-served deployments, cooldowns):
 
 curl -s {admin}/admin/backends -H "Authorization: Bearer {admin_token}"
+
+Every request is a usage record in ./{DEMO_USAGE_FILE}; chargeback per tenant, alias and backend:
+
+onedoor usage report --by tenant,alias,backend
 
 Ctrl-C stops it all.
 "#

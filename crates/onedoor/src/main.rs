@@ -1,8 +1,9 @@
-//! The `onedoor` command line: `serve`, `demo`, `validate`, `keys new`, `mock`. Each command
-//! wires parts together; the parts hold the logic.
+//! The `onedoor` command line: `serve`, `demo`, `validate`, `keys new`, `usage report`, `mock`.
+//! Each command wires parts together; the parts hold the logic.
 
 mod demo;
 mod keys;
+mod usage;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,12 +47,24 @@ enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Usage records: chargeback reports.
+    Usage {
+        #[command(subcommand)]
+        command: UsageCommand,
+    },
     /// Run simulated upstreams only (for tests, benchmarks and trying configs).
     Mock {
         /// The fleet description (YAML with `endpoints:`).
         #[arg(long, default_value = "mock.yaml")]
         config: PathBuf,
     },
+}
+
+#[derive(Subcommand)]
+enum UsageCommand {
+    /// Tokens, requests and cost per group from the usage store, with how far the gateway's
+    /// token estimates drifted from what upstreams measured.
+    Report(usage::ReportArgs),
 }
 
 #[derive(Subcommand)]
@@ -73,6 +86,9 @@ fn main() -> ExitCode {
         }
         Command::Serve { config } => run(serve(config)),
         Command::Demo { port } => run(demo::run(port)),
+        Command::Usage {
+            command: UsageCommand::Report(args),
+        } => run(usage::report(args)),
         Command::Mock { config } => run(mock(config)),
     }
 }
@@ -83,6 +99,7 @@ fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

@@ -1,15 +1,31 @@
-//! Routing state shared by every request: which (backend, deployment) pairs are served or not,
-//! which targets cool down after a 429. One in-memory implementation today; the trait is the seam for a
-//! shared store.
+//! The state every gateway instance must agree on: the not-served cache, cooldowns after 429s,
+//! circuit-breaker records, and meters (rolling-minute windows, requests in flight, daily tokens,
+//! monthly spend) for tenants, keys and backends. [`State`] is the contract; [`MemoryState`] keeps
+//! it for one instance, [`RedisState`] shares it between many (atomic Lua scripts, Redis time,
+//! hash-tagged keys), and [`Store`] is whichever the config chose.
+//!
+//! Every method speaks in durations ("for 30 s", "frees in 1.2 s"), never in instant clocks:
+//! the Redis store keeps time by Redis `TIME`, so instances whose clocks drift still agree.
 
+mod breaker;
 mod memory;
+mod meter;
+mod redis;
+mod store;
 
-pub use memory::MemoryState;
-
+use std::future::Future;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Milliseconds since the Unix epoch: the one clock every state record is kept in, so records
-/// mean the same thing on every instance.
+pub use breaker::{BreakerPhase, BreakerRecord, Claim};
+pub use memory::MemoryState;
+pub use meter::{
+    day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement,
+    Verdict,
+};
+pub use redis::{OnError, RedisConfig, RedisState};
+pub use store::{Detached, Health, Store};
+
+/// Milliseconds since the Unix epoch on this instance's clock.
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -33,30 +49,122 @@ impl TargetKey {
     }
 }
 
-/// Why a target is skipped without being asked.
+/// Why a target is skipped without being asked, and for how much longer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exclusion {
-    /// It answered "deployment not found"; skipped until `until_ms`.
-    NotServed { until_ms: u64 },
-    /// It answered 429; skipped until `until_ms`.
-    CoolingDown { until_ms: u64 },
+    /// It answered "deployment not found".
+    NotServed { remaining_ms: u64 },
+    /// It answered 429.
+    CoolingDown { remaining_ms: u64 },
 }
 
 /// One entry of a listing for operators (`/admin/backends`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub key: TargetKey,
-    pub until_ms: u64,
+    pub remaining_ms: u64,
 }
 
+/// The store could not be reached and `on_store_error` is `fail_closed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the shared state store is unreachable")]
+pub struct Unavailable;
+
+/// What one routing decision needs to know, read in one go: for each target, whether it is
+/// excluded or known to serve; for each backend, its breaker and (when it is metered) its usage.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingQuery<'a> {
+    pub targets: &'a [(&'a str, &'a str)],
+    pub backends: &'a [BackendQuery<'a>],
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct BackendQuery<'a> {
+    pub name: &'a str,
+    /// The breaker record to read ([`BreakerRecord`] id), when the backend has a breaker.
+    pub breaker: Option<&'a str>,
+    /// Read its meter: it has limits that headroom routing compares against.
+    pub metered: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutingView {
+    /// Same order as [`RoutingQuery::targets`].
+    pub targets: Vec<TargetView>,
+    /// Same order as [`RoutingQuery::backends`].
+    pub backends: Vec<BackendView>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TargetView {
+    /// Not-served wins over a cooldown.
+    pub exclusion: Option<Exclusion>,
+    /// It answered this deployment recently (discovery asks it first).
+    pub served: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendView {
+    pub breaker: BreakerPhase,
+    /// `None` when not metered.
+    pub usage: Option<MeterUsage>,
+}
+
+/// The shared state contract. Every method is one round trip at most; writes that only teach
+/// (not-served, cooldowns) may be answered before they land.
 pub trait State: Send + Sync + 'static {
-    /// What currently excludes `(backend, deployment)`, if anything. Not-served wins over cooldown.
-    fn exclusion(&self, backend: &str, deployment: &str, now_ms: u64) -> Option<Exclusion>;
-    fn mark_not_served(&self, key: TargetKey, until_ms: u64);
-    /// Remembers that `(backend, deployment)` answered, so discovery prefers it next time.
-    fn mark_served(&self, key: TargetKey, until_ms: u64);
-    fn is_served(&self, backend: &str, deployment: &str, now_ms: u64) -> bool;
-    fn cool_down(&self, key: TargetKey, until_ms: u64);
-    fn not_served(&self, now_ms: u64) -> Vec<Entry>;
-    fn cooldowns(&self, now_ms: u64) -> Vec<Entry>;
+    /// Everything a routing decision reads, in one round trip.
+    fn routing(
+        &self,
+        query: RoutingQuery<'_>,
+    ) -> impl Future<Output = Result<RoutingView, Unavailable>> + Send;
+
+    fn mark_not_served(&self, key: &TargetKey, ttl_ms: u64) -> impl Future<Output = ()> + Send;
+    /// Remembers that `key` answered, so discovery prefers it next time; clears a not-served entry.
+    fn mark_served(&self, key: &TargetKey, ttl_ms: u64) -> impl Future<Output = ()> + Send;
+    /// A cooldown only ever extends.
+    fn cool_down(&self, key: &TargetKey, wait_ms: u64) -> impl Future<Output = ()> + Send;
+    fn not_served(&self) -> impl Future<Output = Result<Vec<Entry>, Unavailable>> + Send;
+    fn cooldowns(&self) -> impl Future<Output = Result<Vec<Entry>, Unavailable>> + Send;
+
+    /// Checks every meter of `ask` against its limits and, only when all have room, charges all
+    /// of them at once. With `ask.enforce` false it only counts.
+    fn admit(&self, ask: &Ask) -> impl Future<Output = Result<Verdict, Unavailable>> + Send;
+    /// Replaces a reservation's charge with the final numbers and, when asked, ends its time in
+    /// flight.
+    fn settle(
+        &self,
+        reservation: &Reservation,
+        settlement: Settlement,
+    ) -> impl Future<Output = ()> + Send;
+    /// Current usage of each meter (for `/admin/tenants`).
+    fn usage(
+        &self,
+        meters: &[MeterKey],
+    ) -> impl Future<Output = Result<Vec<MeterUsage>, Unavailable>> + Send;
+
+    /// Opens a closed breaker for `wait_ms`; an open or half-open one is left as it is.
+    fn trip(&self, id: &str, wait_ms: u64) -> impl Future<Output = BreakerRecord> + Send;
+    /// A failed probe: re-opens a half-open breaker for `base_ms`, doubled for each consecutive
+    /// re-open up to ten times (`exact`: for `base_ms`, no backoff).
+    fn reopen(
+        &self,
+        id: &str,
+        base_ms: u64,
+        exact: bool,
+    ) -> impl Future<Output = BreakerRecord> + Send;
+    /// The one probe of a half-open breaker, held for at most `lease_ms`.
+    fn claim_probe(&self, id: &str, lease_ms: u64) -> impl Future<Output = Claim> + Send;
+    /// A successful probe closes a half-open breaker.
+    fn close(&self, id: &str) -> impl Future<Output = ()> + Send;
+    /// A probe that was never sent: the next request may probe.
+    fn release_probe(&self, id: &str) -> impl Future<Output = ()> + Send;
+    fn breaker(&self, id: &str) -> impl Future<Output = Result<BreakerRecord, Unavailable>> + Send;
+
+    /// Pins `key` (a stateful upstream object, such as a Responses answer) to the backend that
+    /// holds it, for `ttl_ms`, so follow-ups that name it go there; a later pin replaces it.
+    fn pin(&self, key: &str, backend: &str, ttl_ms: u64) -> impl Future<Output = ()> + Send;
+    /// The backend `key` is pinned to, while its pin lasts.
+    fn pinned(&self, key: &str)
+        -> impl Future<Output = Result<Option<String>, Unavailable>> + Send;
 }

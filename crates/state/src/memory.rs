@@ -1,47 +1,145 @@
-//! The in-memory store for one gateway instance: sharded maps, no global lock.
+//! The in-memory store for one gateway instance: sharded maps, one small lock per meter, no global
+//! lock. Also the Redis store's stand-in while Redis is unreachable and `on_store_error` is
+//! `fail_open`. Its futures never wait: every method completes on its first poll.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
 
-use crate::{Entry, Exclusion, State, TargetKey};
+use crate::breaker::Record;
+use crate::meter::{
+    day_ends_in, day_of, month_ends_in, month_of, pick, Ask, Check, Limit, MeterKey, MeterLimits,
+    MeterUsage, Refusal, Reservation, Settlement, Verdict, Window,
+};
+use crate::{
+    now_ms, BackendView, BreakerRecord, Claim, Entry, Exclusion, RoutingQuery, RoutingView, State,
+    TargetKey, TargetView, Unavailable,
+};
+
+type Pair = (String, String);
 
 /// Expired entries are removed lazily, on lookup or listing, so the maps stay bounded by the
 /// number of (backend, deployment) pairs that failed within their TTL.
 #[derive(Default)]
 pub struct MemoryState {
-    not_served: DashMap<(String, String), u64>,
-    served: DashMap<(String, String), u64>,
-    cooldowns: DashMap<(String, String), u64>,
+    clock: Clock,
+    not_served: DashMap<Pair, u64>,
+    served: DashMap<Pair, u64>,
+    cooldowns: DashMap<Pair, u64>,
+    meters: DashMap<MeterKey, Arc<Mutex<Meter>>>,
+    breakers: DashMap<String, Record>,
+    next_member: AtomicU64,
+    /// key -> (backend, until)
+    pins: DashMap<String, (String, u64)>,
 }
 
-impl MemoryState {
-    pub fn new() -> Self {
-        Self::default()
+/// Past this many pins, the expired ones are swept on the next pin.
+const PIN_SWEEP_AT: usize = 100_000;
+
+/// The system clock, or one a test moves by hand.
+#[derive(Default)]
+enum Clock {
+    #[default]
+    System,
+    Manual(Arc<AtomicU64>),
+}
+
+impl Clock {
+    fn now(&self) -> u64 {
+        match self {
+            Clock::System => now_ms(),
+            Clock::Manual(ms) => ms.load(Ordering::Relaxed),
+        }
     }
 }
 
-fn live(
-    map: &DashMap<(String, String), u64>,
-    backend: &str,
-    deployment: &str,
-    now_ms: u64,
-) -> Option<u64> {
-    let key = (backend.to_owned(), deployment.to_owned());
+#[derive(Debug, Default)]
+struct Meter {
+    window: Window,
+    in_flight: u64,
+    /// (UTC day, tokens)
+    day: (u64, u64),
+    /// (UTC month, millionths of a dollar)
+    month: (u64, u64),
+}
+
+impl Meter {
+    fn roll(&mut self, day: u64, month: u64) {
+        if self.day.0 != day {
+            self.day = (day, 0);
+        }
+        if self.month.0 != month {
+            self.month = (month, 0);
+        }
+    }
+
+    fn usage(&self, second: u64) -> MeterUsage {
+        let (requests, tokens) = self.window.used(second);
+        MeterUsage {
+            requests,
+            tokens,
+            in_flight: self.in_flight,
+            day_tokens: self.day.1,
+            month_micro_usd: self.month.1,
+        }
+    }
+
+    /// Every limit the charge would break, with when it would fit.
+    fn checks(&self, limits: &MeterLimits, usage: &MeterUsage, ask: &Ask, now: u64) -> Vec<Check> {
+        let charge = ask.charge;
+        let mut failing = Vec::new();
+        let mut over = |limit: Limit, used: u64, asked: u64, cap: Option<u64>, frees: &dyn Fn(u64) -> u64| {
+            if let Some(cap) = cap.filter(|cap| used + asked > *cap) {
+                failing.push(Check {
+                    limit,
+                    retry_after_ms: frees(cap),
+                    used,
+                    cap,
+                    asked,
+                });
+            }
+        };
+        over(Limit::TokensPerDay, usage.day_tokens, charge.tokens, limits.tokens_per_day, &|_| day_ends_in(now));
+        over(Limit::UsdPerMonth, usage.month_micro_usd, charge.micro_usd, limits.micro_usd_per_month, &|_| month_ends_in(now));
+        over(Limit::Rpm, usage.requests, 1, limits.rpm, &|cap| self.window.frees_in(now, cap, 1, false));
+        over(Limit::Tpm, usage.tokens, charge.tokens, limits.tpm, &|cap| {
+            self.window.frees_in(now, cap, charge.tokens, true)
+        });
+        over(Limit::MaxInFlight, usage.in_flight, 1, limits.max_in_flight, &|_| 1000);
+        failing
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn pair(backend: &str, deployment: &str) -> Pair {
+    (backend.to_owned(), deployment.to_owned())
+}
+
+fn live(map: &DashMap<Pair, u64>, backend: &str, deployment: &str, now: u64) -> Option<u64> {
+    if map.is_empty() {
+        return None;
+    }
+    let key = pair(backend, deployment);
     let until = *map.get(&key)?;
-    if until > now_ms {
-        Some(until)
+    if until > now {
+        Some(until - now)
     } else {
-        map.remove_if(&key, |_, u| *u <= now_ms);
+        map.remove_if(&key, |_, u| *u <= now);
         None
     }
 }
 
-fn listing(map: &DashMap<(String, String), u64>, now_ms: u64) -> Vec<Entry> {
-    map.retain(|_, until| *until > now_ms);
+fn listing(map: &DashMap<Pair, u64>, now: u64) -> Vec<Entry> {
+    map.retain(|_, until| *until > now);
     let mut entries: Vec<Entry> = map
         .iter()
         .map(|e| Entry {
             key: TargetKey::new(&e.key().0, &e.key().1),
-            until_ms: *e.value(),
+            remaining_ms: e.value() - now,
         })
         .collect();
     entries.sort_by(|a, b| {
@@ -50,78 +148,475 @@ fn listing(map: &DashMap<(String, String), u64>, now_ms: u64) -> Vec<Entry> {
     entries
 }
 
-impl State for MemoryState {
-    fn exclusion(&self, backend: &str, deployment: &str, now_ms: u64) -> Option<Exclusion> {
-        if self.not_served.is_empty() && self.cooldowns.is_empty() {
-            return None;
+impl MemoryState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store on a clock the caller moves (milliseconds), for tests.
+    pub fn with_clock(clock: Arc<AtomicU64>) -> Self {
+        MemoryState {
+            clock: Clock::Manual(clock),
+            ..Self::default()
         }
-        if let Some(until_ms) = live(&self.not_served, backend, deployment, now_ms) {
-            return Some(Exclusion::NotServed { until_ms });
-        }
-        live(&self.cooldowns, backend, deployment, now_ms)
-            .map(|until_ms| Exclusion::CoolingDown { until_ms })
     }
 
-    fn mark_not_served(&self, key: TargetKey, until_ms: u64) {
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+
+    pub(crate) fn routing_now(&self, query: RoutingQuery<'_>) -> RoutingView {
+        let now = self.now();
+        let targets = query
+            .targets
+            .iter()
+            .map(|(backend, deployment)| {
+                let exclusion = match live(&self.not_served, backend, deployment, now) {
+                    Some(remaining_ms) => Some(Exclusion::NotServed { remaining_ms }),
+                    None => live(&self.cooldowns, backend, deployment, now)
+                        .map(|remaining_ms| Exclusion::CoolingDown { remaining_ms }),
+                };
+                TargetView {
+                    exclusion,
+                    served: live(&self.served, backend, deployment, now).is_some(),
+                }
+            })
+            .collect();
+        let second = now / 1000;
+        let backends = query
+            .backends
+            .iter()
+            .map(|b| BackendView {
+                breaker: b
+                    .breaker
+                    .and_then(|id| self.breakers.get(id).map(|r| r.phase(now)))
+                    .unwrap_or_default(),
+                usage: b.metered.then(|| {
+                    self.meters
+                        .get(&MeterKey::backend(b.name))
+                        .map(|m| lock(&m).usage(second))
+                        .unwrap_or_default()
+                }),
+            })
+            .collect();
+        RoutingView { targets, backends }
+    }
+
+    pub(crate) fn mark_not_served_now(&self, key: &TargetKey, ttl_ms: u64) {
+        let until = self.now() + ttl_ms;
         self.not_served
-            .insert((key.backend, key.deployment), until_ms);
+            .insert(pair(&key.backend, &key.deployment), until);
     }
 
-    fn mark_served(&self, key: TargetKey, until_ms: u64) {
-        self.not_served
-            .remove(&(key.backend.clone(), key.deployment.clone()));
-        self.served.insert((key.backend, key.deployment), until_ms);
+    pub(crate) fn mark_served_now(&self, key: &TargetKey, ttl_ms: u64) {
+        let pair = pair(&key.backend, &key.deployment);
+        self.not_served.remove(&pair);
+        self.served.insert(pair, self.now() + ttl_ms);
     }
 
-    fn is_served(&self, backend: &str, deployment: &str, now_ms: u64) -> bool {
-        !self.served.is_empty() && live(&self.served, backend, deployment, now_ms).is_some()
-    }
-
-    fn cool_down(&self, key: TargetKey, until_ms: u64) {
-        let entry = self
+    pub(crate) fn cool_down_now(&self, key: &TargetKey, wait_ms: u64) {
+        let until = self.now() + wait_ms;
+        let mut current = self
             .cooldowns
-            .entry((key.backend, key.deployment))
+            .entry(pair(&key.backend, &key.deployment))
             .or_insert(0);
-        let mut current = entry;
-        if *current < until_ms {
-            *current = until_ms;
+        if *current < until {
+            *current = until;
         }
     }
 
-    fn not_served(&self, now_ms: u64) -> Vec<Entry> {
-        listing(&self.not_served, now_ms)
+    pub(crate) fn pin_now(&self, key: &str, backend: &str, ttl_ms: u64) {
+        let now = self.now();
+        if self.pins.len() >= PIN_SWEEP_AT {
+            self.pins.retain(|_, (_, until)| *until > now);
+        }
+        self.pins
+            .insert(key.to_owned(), (backend.to_owned(), now + ttl_ms));
     }
 
-    fn cooldowns(&self, now_ms: u64) -> Vec<Entry> {
-        listing(&self.cooldowns, now_ms)
+    pub(crate) fn pinned_now(&self, key: &str) -> Option<String> {
+        let now = self.now();
+        let backend = {
+            let entry = self.pins.get(key)?;
+            (entry.1 > now).then(|| entry.0.clone())
+        };
+        if backend.is_none() {
+            self.pins.remove_if(key, |_, (_, until)| *until <= now);
+        }
+        backend
+    }
+
+    pub(crate) fn not_served_now(&self) -> Vec<Entry> {
+        listing(&self.not_served, self.now())
+    }
+
+    pub(crate) fn cooldowns_now(&self) -> Vec<Entry> {
+        listing(&self.cooldowns, self.now())
+    }
+
+    fn meter(&self, key: &MeterKey) -> Arc<Mutex<Meter>> {
+        if let Some(meter) = self.meters.get(key) {
+            return meter.clone();
+        }
+        self.meters.entry(key.clone()).or_default().clone()
+    }
+
+    pub(crate) fn admit_now(&self, ask: &Ask) -> Verdict {
+        let now = self.now();
+        let (second, day) = (now / 1000, day_of(now));
+        let month = month_of(day);
+        let meters: Vec<Arc<Mutex<Meter>>> = ask.meters.iter().map(|(k, _)| self.meter(k)).collect();
+        // Always locked in the ask's order (tenant before key), so two asks never deadlock.
+        let mut guards: Vec<MutexGuard<'_, Meter>> = meters.iter().map(|m| lock(m)).collect();
+        for guard in guards.iter_mut() {
+            guard.roll(day, month);
+        }
+        let usage: Vec<MeterUsage> = guards.iter().map(|g| g.usage(second)).collect();
+        if ask.enforce {
+            let failing = guards
+                .iter()
+                .zip(&ask.meters)
+                .zip(&usage)
+                .enumerate()
+                .flat_map(|(i, ((guard, (_, limits)), usage))| {
+                    guard
+                        .checks(limits, usage, ask, now)
+                        .into_iter()
+                        .map(move |check| (i, check))
+                })
+                .collect();
+            if let Some((meter, check)) = pick(failing) {
+                return Verdict::Refused(Refusal {
+                    meter,
+                    limit: check.limit,
+                    retry_after_ms: check.retry_after_ms,
+                    used: check.used,
+                    cap: check.cap,
+                    asked: check.asked,
+                    usage,
+                });
+            }
+        }
+        let charge = ask.charge;
+        let usage = guards
+            .iter_mut()
+            .map(|guard| {
+                guard.window.add(second, 1, charge.tokens);
+                guard.in_flight += 1;
+                guard.day.1 += charge.tokens;
+                guard.month.1 += charge.micro_usd;
+                guard.usage(second)
+            })
+            .collect();
+        Verdict::Admitted(Reservation {
+            meters: ask.meters.iter().map(|(k, _)| k.clone()).collect(),
+            second,
+            day,
+            month,
+            tokens: charge.tokens,
+            micro_usd: charge.micro_usd,
+            member: self.next_member.fetch_add(1, Ordering::Relaxed),
+            usage,
+            shared: false,
+        })
+    }
+
+    pub(crate) fn settle_now(&self, reservation: &Reservation, settlement: Settlement) {
+        let tokens = settlement.tokens as i64 - reservation.tokens as i64;
+        let usd = settlement.micro_usd as i64 - reservation.micro_usd as i64;
+        for key in &reservation.meters {
+            let Some(meter) = self.meters.get(key).map(|m| m.clone()) else {
+                continue;
+            };
+            let mut meter = lock(&meter);
+            meter.window.adjust(reservation.second, tokens);
+            if meter.day.0 == reservation.day {
+                meter.day.1 = meter.day.1.saturating_add_signed(tokens);
+            }
+            if meter.month.0 == reservation.month {
+                meter.month.1 = meter.month.1.saturating_add_signed(usd);
+            }
+            if settlement.release {
+                meter.in_flight = meter.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    pub(crate) fn usage_now(&self, meters: &[MeterKey]) -> Vec<MeterUsage> {
+        let now = self.now();
+        let day = day_of(now);
+        let month = month_of(day);
+        meters
+            .iter()
+            .map(|key| match self.meters.get(key).map(|m| m.clone()) {
+                Some(meter) => {
+                    let mut meter = lock(&meter);
+                    meter.roll(day, month);
+                    meter.usage(now / 1000)
+                }
+                None => MeterUsage::default(),
+            })
+            .collect()
+    }
+
+    fn with_record<T>(&self, id: &str, change: impl FnOnce(&mut Record, u64) -> T) -> T {
+        let now = self.now();
+        let mut record = self.breakers.entry(id.to_owned()).or_default();
+        change(&mut record, now)
+    }
+
+    pub(crate) fn trip_now(&self, id: &str, wait_ms: u64) -> BreakerRecord {
+        self.with_record(id, |r, now| {
+            r.trip(now, wait_ms);
+            r.view(now)
+        })
+    }
+
+    pub(crate) fn reopen_now(&self, id: &str, base_ms: u64, exact: bool) -> BreakerRecord {
+        self.with_record(id, |r, now| {
+            r.reopen(now, base_ms, exact);
+            r.view(now)
+        })
+    }
+
+    pub(crate) fn claim_now(&self, id: &str, lease_ms: u64) -> Claim {
+        if !self.breakers.contains_key(id) {
+            return Claim::Closed;
+        }
+        self.with_record(id, |r, now| r.claim(now, lease_ms))
+    }
+
+    pub(crate) fn close_now(&self, id: &str) {
+        if let Some(mut r) = self.breakers.get_mut(id) {
+            r.close(self.now());
+        }
+    }
+
+    pub(crate) fn release_now(&self, id: &str) {
+        if let Some(mut r) = self.breakers.get_mut(id) {
+            r.release(self.now());
+        }
+    }
+
+    pub(crate) fn breaker_now(&self, id: &str) -> BreakerRecord {
+        let now = self.now();
+        self.breakers
+            .get(id)
+            .map(|r| r.view(now))
+            .unwrap_or_default()
+    }
+}
+
+impl State for MemoryState {
+    async fn routing(&self, query: RoutingQuery<'_>) -> Result<RoutingView, Unavailable> {
+        Ok(self.routing_now(query))
+    }
+
+    async fn mark_not_served(&self, key: &TargetKey, ttl_ms: u64) {
+        self.mark_not_served_now(key, ttl_ms)
+    }
+
+    async fn mark_served(&self, key: &TargetKey, ttl_ms: u64) {
+        self.mark_served_now(key, ttl_ms)
+    }
+
+    async fn cool_down(&self, key: &TargetKey, wait_ms: u64) {
+        self.cool_down_now(key, wait_ms)
+    }
+
+    async fn pin(&self, key: &str, backend: &str, ttl_ms: u64) {
+        self.pin_now(key, backend, ttl_ms)
+    }
+
+    async fn pinned(&self, key: &str) -> Result<Option<String>, Unavailable> {
+        Ok(self.pinned_now(key))
+    }
+
+    async fn not_served(&self) -> Result<Vec<Entry>, Unavailable> {
+        Ok(self.not_served_now())
+    }
+
+    async fn cooldowns(&self) -> Result<Vec<Entry>, Unavailable> {
+        Ok(self.cooldowns_now())
+    }
+
+    async fn admit(&self, ask: &Ask) -> Result<Verdict, Unavailable> {
+        Ok(self.admit_now(ask))
+    }
+
+    async fn settle(&self, reservation: &Reservation, settlement: Settlement) {
+        self.settle_now(reservation, settlement)
+    }
+
+    async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {
+        Ok(self.usage_now(meters))
+    }
+
+    async fn trip(&self, id: &str, wait_ms: u64) -> BreakerRecord {
+        self.trip_now(id, wait_ms)
+    }
+
+    async fn reopen(&self, id: &str, base_ms: u64, exact: bool) -> BreakerRecord {
+        self.reopen_now(id, base_ms, exact)
+    }
+
+    async fn claim_probe(&self, id: &str, lease_ms: u64) -> Claim {
+        self.claim_now(id, lease_ms)
+    }
+
+    async fn close(&self, id: &str) {
+        self.close_now(id)
+    }
+
+    async fn release_probe(&self, id: &str) {
+        self.release_now(id)
+    }
+
+    async fn breaker(&self, id: &str) -> Result<BreakerRecord, Unavailable> {
+        Ok(self.breaker_now(id))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meter::Charge;
+    use crate::BackendQuery;
+
+    fn clocked(at: u64) -> (MemoryState, Arc<AtomicU64>) {
+        let clock = Arc::new(AtomicU64::new(at));
+        (MemoryState::with_clock(clock.clone()), clock)
+    }
+
+    fn target(state: &MemoryState, backend: &str, deployment: &str) -> TargetView {
+        state.routing_now(RoutingQuery {
+            targets: &[(backend, deployment)],
+            backends: &[],
+        }).targets[0]
+    }
 
     #[test]
     fn a_not_served_entry_expires_at_its_deadline() {
-        let state = MemoryState::new();
-        state.mark_not_served(TargetKey::new("b", "d"), 1_000);
+        let (state, clock) = clocked(0);
+        state.mark_not_served_now(&TargetKey::new("b", "d"), 1_000);
+        clock.store(999, Ordering::Relaxed);
         assert_eq!(
-            state.exclusion("b", "d", 999),
-            Some(Exclusion::NotServed { until_ms: 1_000 })
+            target(&state, "b", "d").exclusion,
+            Some(Exclusion::NotServed { remaining_ms: 1 })
         );
-        assert_eq!(state.exclusion("b", "d", 1_000), None);
-        assert!(state.not_served(1_000).is_empty());
+        clock.store(1_000, Ordering::Relaxed);
+        assert_eq!(target(&state, "b", "d").exclusion, None);
+        assert!(state.not_served_now().is_empty());
+    }
+
+    #[test]
+    fn a_pin_names_its_backend_until_it_expires() {
+        let (state, clock) = clocked(0);
+        assert_eq!(state.pinned_now("resp_1"), None);
+        state.pin_now("resp_1", "sub1", 1_000);
+        clock.store(999, Ordering::Relaxed);
+        assert_eq!(state.pinned_now("resp_1").as_deref(), Some("sub1"));
+        state.pin_now("resp_1", "sub2", 1_000);
+        clock.store(1_500, Ordering::Relaxed);
+        assert_eq!(state.pinned_now("resp_1").as_deref(), Some("sub2"));
+        clock.store(1_999, Ordering::Relaxed);
+        assert_eq!(state.pinned_now("resp_1"), None);
+        assert!(state.pins.is_empty());
     }
 
     #[test]
     fn a_cooldown_only_ever_extends() {
-        let state = MemoryState::new();
-        state.cool_down(TargetKey::new("b", "d"), 2_000);
-        state.cool_down(TargetKey::new("b", "d"), 1_500);
+        let (state, _) = clocked(0);
+        state.cool_down_now(&TargetKey::new("b", "d"), 2_000);
+        state.cool_down_now(&TargetKey::new("b", "d"), 1_500);
         assert_eq!(
-            state.exclusion("b", "d", 0),
-            Some(Exclusion::CoolingDown { until_ms: 2_000 })
+            target(&state, "b", "d").exclusion,
+            Some(Exclusion::CoolingDown { remaining_ms: 2_000 })
         );
-        assert_eq!(state.exclusion("b", "other", 0), None);
+        assert_eq!(target(&state, "b", "other").exclusion, None);
+    }
+
+    fn ask(rpm: Option<u64>, tpm: Option<u64>, tokens: u64) -> Ask {
+        Ask {
+            meters: vec![
+                (MeterKey::tenant("t"), MeterLimits { rpm, ..MeterLimits::default() }),
+                (MeterKey::key("t", "k"), MeterLimits { tpm, ..MeterLimits::default() }),
+            ],
+            charge: Charge {
+                tokens,
+                micro_usd: 0,
+                lease_ms: 60_000,
+            },
+            enforce: true,
+        }
+    }
+
+    #[test]
+    fn an_ask_is_charged_to_every_meter_only_when_all_have_room() {
+        let (state, clock) = clocked(100_000);
+        let Verdict::Admitted(first) = state.admit_now(&ask(Some(2), Some(100), 60)) else {
+            panic!("the first ask fits");
+        };
+        assert_eq!(first.usage[0].requests, 1);
+        assert_eq!(first.usage[1].tokens, 60);
+        // The key's tpm refuses; the tenant's rpm is not charged for it.
+        let Verdict::Refused(refusal) = state.admit_now(&ask(Some(2), Some(100), 50)) else {
+            panic!("tpm is full");
+        };
+        assert_eq!((refusal.meter, refusal.limit), (1, Limit::Tpm));
+        assert_eq!(refusal.retry_after_ms, 60_000);
+        assert_eq!(state.usage_now(&[MeterKey::tenant("t")])[0].requests, 1);
+        // Settling at the measured 30 tokens makes room for the 50.
+        state.settle_now(&first, Settlement { tokens: 30, micro_usd: 0, release: true });
+        clock.store(101_000, Ordering::Relaxed);
+        assert!(matches!(state.admit_now(&ask(Some(2), Some(100), 50)), Verdict::Admitted(_)));
+        let Verdict::Refused(refusal) = state.admit_now(&ask(Some(2), None, 1)) else {
+            panic!("rpm is full");
+        };
+        assert_eq!((refusal.meter, refusal.limit), (0, Limit::Rpm));
+        // The first request's second leaves the window at 160 s.
+        assert_eq!(refusal.retry_after_ms, 59_000);
+    }
+
+    #[test]
+    fn a_period_quota_wins_over_a_rate_limit_and_waits_for_the_period_end() {
+        let (state, _) = clocked(1_796_119_200_000);
+        let limits = MeterLimits {
+            rpm: Some(1),
+            tokens_per_day: Some(10),
+            ..MeterLimits::default()
+        };
+        let ask = |tokens| Ask {
+            meters: vec![(MeterKey::tenant("t"), limits)],
+            charge: Charge { tokens, micro_usd: 0, lease_ms: 1 },
+            enforce: true,
+        };
+        assert!(matches!(state.admit_now(&ask(8)), Verdict::Admitted(_)));
+        let Verdict::Refused(refusal) = state.admit_now(&ask(8)) else {
+            panic!("both limits are over");
+        };
+        assert_eq!(refusal.limit, Limit::TokensPerDay);
+        assert_eq!(refusal.retry_after_ms, 14 * 3_600_000);
+        assert_eq!((refusal.used, refusal.cap, refusal.asked), (8, 10, 8));
+    }
+
+    #[test]
+    fn the_routing_view_reads_breakers_and_backend_meters() {
+        let (state, clock) = clocked(0);
+        let backend = BackendQuery { name: "b", breaker: Some("b#p"), metered: true };
+        let view = |state: &MemoryState| state.routing_now(RoutingQuery { targets: &[], backends: &[backend] }).backends[0];
+        assert_eq!(view(&state), BackendView { breaker: Default::default(), usage: Some(MeterUsage::default()) });
+        state.trip_now("b#p", 500);
+        state.admit_now(&Ask {
+            meters: vec![(MeterKey::backend("b"), MeterLimits::default())],
+            charge: Charge { tokens: 7, micro_usd: 0, lease_ms: 1 },
+            enforce: false,
+        });
+        let seen = view(&state);
+        assert_eq!(seen.breaker, crate::BreakerPhase::Open { remaining_ms: 500 });
+        assert_eq!(seen.usage.map(|u| (u.requests, u.tokens, u.in_flight)), Some((1, 7, 1)));
+        clock.store(500, Ordering::Relaxed);
+        assert_eq!(state.claim_now("b#p", 100), Claim::Probe);
+        assert_eq!(state.claim_now("other", 100), Claim::Closed);
     }
 }

@@ -1,11 +1,13 @@
 //! Azure OpenAI: the deployment is in the path, the version in the query, the key in `api-key`.
-//! The body's `model` is ignored by Azure, so the client's body goes out as it came.
+//! The body's `model` is ignored by Azure, so the client's body goes out as it came (a chat
+//! stream asks for its usage). The Responses API is only on the v1 surface
+//! (`/openai/v1/responses`), where the body's `model` names the deployment.
 
 use bytes::Bytes;
 use http::Uri;
 use onedoor_config::Backend;
 
-use super::Unsendable;
+use super::{openai_body, Unsendable};
 use crate::request::{ClientRequest, Operation};
 
 pub fn wire(
@@ -14,6 +16,11 @@ pub fn wire(
     operation: Operation,
     request: &ClientRequest,
 ) -> Result<(Uri, Bytes), Unsendable> {
+    if operation == Operation::Responses {
+        let uri = format!("{}/openai/v1/{}", backend.url, operation.path());
+        let uri = uri.parse().map_err(|_| Unsendable::BadUrl)?;
+        return Ok((uri, openai_body(request, Some(deployment), operation)));
+    }
     let uri = format!(
         "{}/openai/deployments/{}/{}?api-version={}",
         backend.url,
@@ -22,7 +29,7 @@ pub fn wire(
         backend.api_version
     );
     let uri = uri.parse().map_err(|_| Unsendable::BadUrl)?;
-    Ok((uri, request.raw.clone()))
+    Ok((uri, openai_body(request, None, operation)))
 }
 
 /// Deployment names are letters, digits, `-`, `_` and `.`; anything else is percent-encoded so a

@@ -1,14 +1,23 @@
 //! Provider adapters: each turns a client request for one target into that provider's wire
-//! request. Dialects live here and nowhere else.
+//! request, and its answer, error body or event stream back into the gateway's OpenAI shape.
+//! Dialects live here and nowhere else.
 
+pub mod anthropic;
 mod azure;
 mod openai;
+pub mod openai_shaped;
+pub mod responses;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Uri};
 use onedoor_config::{Backend, Provider};
+use serde_json::Value;
 
+use crate::affinity::ResponsePin;
 use crate::request::{ClientRequest, Operation};
+use crate::stream::EventKind;
+use crate::upstream::Failure;
+use crate::usage::{estimate_tokens, Usage};
 
 /// A request ready for the upstream client.
 pub struct WireRequest {
@@ -20,10 +29,25 @@ pub struct WireRequest {
 /// Why a target cannot be sent a request at all.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Unsendable {
-    #[error("the {0} provider does not serve this operation yet")]
-    Unsupported(&'static str),
     #[error("the backend URL does not form a valid request URL")]
     BadUrl,
+    /// The request cannot be said in the provider's dialect; the caller gets a 400.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Turns one provider's stream events into the events the relay classifies and sends: OpenAI
+/// chat chunks for chat streams (whatever the upstream spoke), Responses events as they came.
+pub trait EventTranslator: Send {
+    /// The events to relay for one upstream event (none, one or several), each with its kind.
+    fn translate(&mut self, event: Bytes, out: &mut Vec<(EventKind, Bytes)>);
+    /// The events that end a stream the upstream closed cleanly after its finish but without
+    /// its own terminal event.
+    fn finish(&mut self, out: &mut Vec<(EventKind, Bytes)>);
+    /// The event that tells the caller the stream failed after content reached it.
+    fn failure_event(&self, message: &str) -> Bytes;
+    /// The stream's usage so far: measured when the upstream reported it, else estimated.
+    fn usage(&self) -> Usage;
 }
 
 /// The backend's credential as a header, prepared once per snapshot and marked sensitive so it is
@@ -40,9 +64,18 @@ pub fn credential(backend: &Backend) -> Option<(&'static str, HeaderValue)> {
     Some((name, value))
 }
 
-/// Whether targets on this backend can take `operation` today.
-pub fn supports(backend: &Backend, _operation: Operation) -> bool {
-    !matches!(backend.provider, Provider::Anthropic)
+/// Whether targets on this backend can take `operation`: Anthropic serves chat only.
+pub fn supports(backend: &Backend, operation: Operation) -> bool {
+    match backend.provider {
+        Provider::Anthropic => operation == Operation::ChatCompletions,
+        Provider::Azure | Provider::OpenAi => true,
+    }
+}
+
+/// Whether a complete stream from this backend always carries its usage (Azure with the
+/// `include_usage` the gateway asks for, Anthropic always); OpenAI-compatible servers may not.
+pub fn reports_stream_usage(backend: &Backend) -> bool {
+    matches!(backend.provider, Provider::Azure | Provider::Anthropic)
 }
 
 pub fn build(
@@ -55,7 +88,7 @@ pub fn build(
     let (uri, body) = match backend.provider {
         Provider::Azure => azure::wire(backend, deployment, operation, request)?,
         Provider::OpenAi => openai::wire(backend, deployment, operation, request)?,
-        Provider::Anthropic => return Err(Unsendable::Unsupported("anthropic")),
+        Provider::Anthropic => anthropic::wire(backend, deployment, request)?,
     };
     let mut headers = HeaderMap::with_capacity(4);
     headers.insert(
@@ -68,8 +101,130 @@ pub fn build(
             HeaderValue::from_static("text/event-stream"),
         );
     }
+    if backend.provider == Provider::Anthropic {
+        let version =
+            HeaderValue::from_str(&backend.anthropic_version).map_err(|_| Unsendable::BadUrl)?;
+        headers.insert("anthropic-version", version);
+    }
     if let Some((name, value)) = credential {
         headers.insert(*name, value.clone());
     }
     Ok(WireRequest { uri, headers, body })
+}
+
+/// The body an OpenAI-shaped backend gets: `model` replaced when given and different, and on a
+/// chat stream `stream_options.include_usage` asked for, so the usage is measured; the client's
+/// body as it came when neither applies.
+pub fn openai_body(request: &ClientRequest, model: Option<&str>, operation: Operation) -> Bytes {
+    let model = model.filter(|m| request.model.as_deref() != Some(*m));
+    let ask_usage =
+        operation == Operation::ChatCompletions && request.stream && !request.include_usage;
+    match (model, ask_usage) {
+        (None, false) => request.raw.clone(),
+        (Some(model), false) => request.with_model(model),
+        (model, true) => {
+            let mut changes = vec![("stream_options", request.stream_options_with_usage())];
+            changes.extend(model.map(|m| ("model", Value::from(m).to_string())));
+            request.with_fields(&changes)
+        }
+    }
+}
+
+/// A successful whole answer in the OpenAI shape, with its usage (estimated when the upstream
+/// reported none).
+pub fn answer(
+    backend: &Backend,
+    operation: Operation,
+    request: &ClientRequest,
+    body: Bytes,
+    created: u64,
+) -> (Bytes, Usage) {
+    let (body, usage, chars) = match (backend.provider, operation) {
+        (Provider::Anthropic, _) => {
+            let (body, usage) = anthropic::answer(body, created);
+            let chars = answer_chars(&body, operation);
+            (body, usage, chars)
+        }
+        (_, Operation::ChatCompletions) => openai_shaped::completion(body),
+        _ => {
+            let usage = Usage::of_body(&body);
+            let chars = answer_chars(&body, operation);
+            (body, usage, chars)
+        }
+    };
+    let usage = usage
+        .unwrap_or_else(|| Usage::estimated(request.prompt_estimate(), estimate_tokens(chars)));
+    (body, usage)
+}
+
+fn answer_chars(body: &[u8], operation: Operation) -> usize {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return 0;
+    };
+    match operation {
+        Operation::Responses => responses::output_chars(&value),
+        Operation::ChatCompletions => value["choices"][0]["message"]["content"]
+            .as_str()
+            .map_or(0, |t| t.chars().count()),
+        Operation::Embeddings => 0,
+    }
+}
+
+/// A failed attempt with its error body in the OpenAI envelope (Anthropic errors translated),
+/// so routing and the caller read one shape.
+pub fn failure(backend: &Backend, failure: Failure) -> Failure {
+    match (backend.provider, failure) {
+        (
+            Provider::Anthropic,
+            Failure::Status {
+                status,
+                headers,
+                body,
+            },
+        ) => {
+            let body = anthropic::error_body(&body).unwrap_or(body);
+            Failure::Status {
+                status,
+                headers,
+                body,
+            }
+        }
+        (_, failure) => failure,
+    }
+}
+
+/// The request could not be translated: a 400 in the OpenAI envelope, as if the upstream had
+/// refused it, so it is returned to the caller and never retried elsewhere.
+pub fn refusal(message: &str) -> Failure {
+    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": "unsupported_by_backend"}});
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Failure::Status {
+        status: http::StatusCode::BAD_REQUEST,
+        headers,
+        body: Bytes::from(body.to_string()),
+    }
+}
+
+/// The translator for a stream from this backend.
+pub fn events(
+    backend: &Backend,
+    operation: Operation,
+    request: &ClientRequest,
+    created: u64,
+    pin: Option<ResponsePin>,
+) -> Box<dyn EventTranslator> {
+    let prompt = request.prompt_estimate();
+    match (backend.provider, operation) {
+        (_, Operation::Responses) => Box::new(responses::ResponsesEvents::new(prompt, pin)),
+        (Provider::Anthropic, _) => Box::new(anthropic::AnthropicEvents::new(
+            request.include_usage,
+            prompt,
+            created,
+        )),
+        _ => Box::new(openai_shaped::ChatEvents::new(request.include_usage, prompt)),
+    }
 }

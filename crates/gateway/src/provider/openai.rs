@@ -1,11 +1,11 @@
-//! OpenAI-compatible servers: `{url}/chat/completions` with a Bearer key; the body's `model` must
-//! name the server's model, so it is replaced.
+//! OpenAI-compatible servers: `{url}/chat/completions` (`/embeddings`, `/responses`) with a
+//! Bearer key; the body's `model` must name the server's model, so it is replaced.
 
 use bytes::Bytes;
 use http::Uri;
 use onedoor_config::Backend;
 
-use super::Unsendable;
+use super::{openai_body, Unsendable};
 use crate::request::{ClientRequest, Operation};
 
 pub fn wire(
@@ -16,10 +16,5 @@ pub fn wire(
 ) -> Result<(Uri, Bytes), Unsendable> {
     let uri = format!("{}/{}", backend.url, operation.path());
     let uri = uri.parse().map_err(|_| Unsendable::BadUrl)?;
-    let body = if request.model.as_deref() == Some(model) {
-        request.raw.clone()
-    } else {
-        request.with_model(model)
-    };
-    Ok((uri, body))
+    Ok((uri, openai_body(request, Some(model), operation)))
 }

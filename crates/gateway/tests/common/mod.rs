@@ -211,8 +211,8 @@ impl Harness {
     }
 }
 
-/// `config` with `{url:NAME}` replaced by each endpoint's URL, and the default tenants and admin
-/// token appended unless it has its own.
+/// `config` with `{url:NAME}` replaced by each endpoint's URL, and the default tenants, admin
+/// token and (off) usage store appended unless it has its own.
 pub fn render(fleet: &Fleet, config: &str) -> String {
     let mut yaml = config.to_owned();
     for endpoint in fleet.endpoints() {
@@ -227,6 +227,10 @@ pub fn render(fleet: &Fleet, config: &str) -> String {
     }
     if !yaml.contains("admin:") {
         yaml.push_str(&format!("admin: {{ token: {ADMIN_TOKEN} }}\n"));
+    }
+    // Usage records only where a test asks for them, never in a shared default file.
+    if !yaml.contains("usage:") {
+        yaml.push_str("usage: { store: \"off\" }\n");
     }
     yaml
 }

@@ -15,7 +15,8 @@ async fn control_surface_reports_and_steers() {
     let stats = get(&format!("{base}/_mock/stats")).await.json();
     assert_eq!(
         stats,
-        json!({"endpoint": "sub1", "total": 1, "cancelled": 0, "deployments": {"gpt-4o": 1}})
+        json!({"endpoint": "sub1", "total": 1, "cancelled": 0, "deployments": {"gpt-4o": 1},
+               "realtime": {"sessions": 0, "open": 0}})
     );
 
     let put = |path: &str, body: serde_json::Value| {

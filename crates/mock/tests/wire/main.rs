@@ -15,3 +15,5 @@ mod client;
 mod control;
 mod faults;
 mod openai;
+mod realtime;
+mod tools;

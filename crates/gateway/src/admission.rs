@@ -1,0 +1,600 @@
+//! Tenant limits (contract section 2, `tenants[].limits` and `keys[].limits`): before any upstream
+//! is asked, the request's estimate (prompt tokens by the tokenizer, plus `max_tokens` or
+//! `routing.default_max_tokens`) and its cost at the dearest target's price are reserved against
+//! the tenant's and the key's rpm, tpm, max_in_flight, tokens_per_day and usd_per_month, all at
+//! once in the state store; after the answer the reservation is replaced by the measured usage
+//! ([`Admission::reconcile`], the one place that does it). Rate limits answer 429 `rate_limited`,
+//! period quotas 403 `quota_exceeded`. A tenant without limits costs nothing here.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
+use onedoor_state::{
+    Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement,
+    State, Store, Verdict,
+};
+
+use crate::body::{Body, BoxError};
+use crate::errors::GatewayError;
+use crate::request::{ClientRequest, Operation};
+use crate::router::Candidate;
+use crate::tokens::{ChatFields, Estimator};
+use crate::usage::{UsageReport, UsageSource};
+
+/// A request counts in flight for at most its total timeout and this, if its instance dies
+/// before it is settled.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+/// Bodies larger than this are counted off the async threads.
+const COUNT_INLINE_BYTES: usize = 256 * 1024;
+
+/// The caller's own limits as `x-ratelimit-*` headers: the tightest of tenant and key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateHeaders {
+    /// (limit, remaining) requests per minute.
+    pub requests: Option<(u64, u64)>,
+    /// (limit, remaining) tokens per minute.
+    pub tokens: Option<(u64, u64)>,
+}
+
+impl RateHeaders {
+    pub fn insert(&self, headers: &mut HeaderMap) {
+        let pairs = [
+            (
+                self.requests,
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+            ),
+            (
+                self.tokens,
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+            ),
+        ];
+        for (pair, limit, remaining) in pairs {
+            if let Some((cap, left)) = pair {
+                headers.insert(limit, cap.into());
+                headers.insert(remaining, left.into());
+            }
+        }
+    }
+
+    fn of(meters: &[(MeterKey, MeterLimits)], usage: &[MeterUsage]) -> Self {
+        let tightest = |pick: &dyn Fn(&MeterLimits, &MeterUsage) -> Option<(u64, u64)>| {
+            meters
+                .iter()
+                .zip(usage)
+                .filter_map(|((_, limits), used)| pick(limits, used))
+                .min_by_key(|(_, left)| *left)
+        };
+        RateHeaders {
+            requests: tightest(&|l, u| l.rpm.map(|cap| (cap, cap.saturating_sub(u.requests)))),
+            tokens: tightest(&|l, u| l.tpm.map(|cap| (cap, cap.saturating_sub(u.tokens)))),
+        }
+    }
+}
+
+/// What admission estimated for a request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Estimate {
+    /// Prompt tokens, counted by the tokenizer.
+    pub prompt: u64,
+    /// Completion tokens reserved: `max_tokens`, else `routing.default_max_tokens`.
+    pub completion: u64,
+}
+
+/// One admitted request's reservation, settled exactly once: by [`Admission::reconcile`] with
+/// the measured usage, by [`Admission::keep_estimate`], or (dropped unsettled: no upstream
+/// answered) at zero.
+pub struct Admission {
+    pub headers: RateHeaders,
+    /// `Some` when the tokenizer ran (a token limit needed it).
+    pub estimate: Option<Estimate>,
+    held: Option<Held>,
+}
+
+struct Held {
+    store: Arc<Store>,
+    reservation: Reservation,
+    settled: bool,
+}
+
+impl Held {
+    fn settle(&mut self, tokens: u64, micro_usd: u64) {
+        if !self.settled {
+            self.settled = true;
+            let settlement = Settlement {
+                tokens,
+                micro_usd,
+                release: true,
+            };
+            self.store
+                .settle_detached(self.reservation.clone(), settlement);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.settle(0, 0);
+    }
+}
+
+impl Admission {
+    fn unlimited() -> Self {
+        Admission {
+            headers: RateHeaders::default(),
+            estimate: None,
+            held: None,
+        }
+    }
+
+    /// Replaces the reservation with what the upstream measured, priced at the target that
+    /// answered. The one place usage reconciles; streams call it when their usage is known.
+    pub fn reconcile(&mut self, prompt: u64, completion: u64, price: Option<&Price>) {
+        if let Some(held) = self.held.as_mut() {
+            held.settle(prompt + completion, micro_usd(price, prompt, completion));
+        }
+    }
+
+    /// Ends the request's time in flight and keeps its reservation as the charge (an answer
+    /// without a usage block).
+    pub fn keep_estimate(&mut self) {
+        if let Some(held) = self.held.as_mut() {
+            let (tokens, usd) = (held.reservation.tokens, held.reservation.micro_usd);
+            held.settle(tokens, usd);
+        }
+    }
+
+    /// A stream's body that keeps the request in flight until it ends; it is then charged at
+    /// its estimate, unless [`Admission::reconcile`] ran first.
+    pub fn hold(self, body: Body) -> Body {
+        self.hold_reporting(body, None)
+    }
+
+    /// [`Admission::hold`] for a stream whose relay reports its usage when it ends: a measured
+    /// usage reconciles the reservation (priced at `price`), anything else keeps the estimate.
+    pub fn hold_until_reported(self, body: Body, report: UsageReport, price: Option<Price>) -> Body {
+        self.hold_reporting(body, Some((report, price)))
+    }
+
+    fn hold_reporting(self, body: Body, report: Option<(UsageReport, Option<Price>)>) -> Body {
+        if self.held.as_ref().is_none_or(|h| h.settled) {
+            return body;
+        }
+        Holding {
+            inner: body,
+            admission: Some(self),
+            report,
+        }
+        .boxed_unsync()
+    }
+}
+
+/// The price of the target `candidate` stands for (its own, else its alias's).
+pub fn price_of<'a>(alias: &'a Alias, candidate: &Candidate) -> Option<&'a Price> {
+    alias
+        .targets
+        .iter()
+        .find(|t| {
+            t.backend == candidate.backend
+                && t.deployment
+                    .as_deref()
+                    .is_none_or(|d| d == candidate.deployment)
+        })
+        .and_then(|t| t.price.as_ref())
+        .or(alias.price.as_ref())
+}
+
+/// Millionths of a dollar: prices are dollars per million tokens.
+fn micro_usd(price: Option<&Price>, prompt: u64, completion: u64) -> u64 {
+    price.map_or(0, |p| {
+        (prompt as f64 * p.input_per_1m + completion as f64 * p.output_per_1m).ceil() as u64
+    })
+}
+
+fn meter_limits(limits: &Limits) -> Option<MeterLimits> {
+    let meter = MeterLimits {
+        rpm: limits.rpm,
+        tpm: limits.tpm,
+        max_in_flight: limits.max_in_flight,
+        tokens_per_day: limits.tokens_per_day,
+        micro_usd_per_month: limits
+            .usd_per_month
+            .map(|usd| (usd * 1_000_000.0).round() as u64),
+    };
+    (meter != MeterLimits::default()).then_some(meter)
+}
+
+fn needs_tokens(limits: &MeterLimits) -> bool {
+    limits.tpm.is_some() || limits.tokens_per_day.is_some() || limits.micro_usd_per_month.is_some()
+}
+
+/// The estimator for an alias: the family of its first target's deployment (or, on `"*"`, the
+/// requested name).
+pub fn estimator(alias: &Alias, requested: &str) -> Estimator {
+    let name = alias
+        .targets
+        .first()
+        .and_then(|t| t.deployment.as_deref())
+        .unwrap_or(requested);
+    Estimator::for_model(name)
+}
+
+/// Prompt tokens of `request` by the tokenizer; the rough byte estimate when the body is in a
+/// shape it does not count.
+pub async fn count_prompt(estimator: Estimator, request: &ClientRequest, operation: Operation) -> u64 {
+    let count = move |request: &ClientRequest| {
+        let counted = match operation {
+            Operation::Embeddings => request.field("input").and_then(|i| estimator.embeddings(i)),
+            Operation::ChatCompletions | Operation::Responses => estimator.chat(ChatFields {
+                messages: request.field("messages").or_else(|| request.field("input")),
+                tools: request.field("tools"),
+                functions: request.field("functions"),
+                system: request.field("system"),
+            }),
+        };
+        counted.unwrap_or_else(|| (request.raw.len() as u64).div_ceil(4))
+    };
+    if request.raw.len() <= COUNT_INLINE_BYTES {
+        return count(request);
+    }
+    let owned = request.clone();
+    tokio::task::spawn_blocking(move || count(&owned))
+        .await
+        .unwrap_or_else(|_| (request.raw.len() as u64).div_ceil(4))
+}
+
+/// Everything admission reads about one request.
+pub struct Request<'a> {
+    pub snapshot: &'a Snapshot,
+    pub store: &'a Arc<Store>,
+    pub tenant: &'a Tenant,
+    pub key: &'a Key,
+    pub alias: &'a Alias,
+    pub requested: &'a str,
+    pub body: &'a ClientRequest,
+    pub operation: Operation,
+}
+
+/// Reserves the request against its tenant's and key's limits, or says which one refuses it.
+pub async fn admit(request: Request<'_>) -> Result<Admission, (GatewayError, RateHeaders)> {
+    let meters: Vec<(MeterKey, MeterLimits)> = [
+        (
+            MeterKey::tenant(&request.tenant.name),
+            meter_limits(&request.tenant.limits),
+        ),
+        (
+            MeterKey::key(&request.tenant.name, &request.key.id),
+            meter_limits(&request.key.limits),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(key, limits)| Some((key, limits?)))
+    .collect();
+    if meters.is_empty() {
+        return Ok(Admission::unlimited());
+    }
+    let estimate = match meters.iter().any(|(_, l)| needs_tokens(l)) {
+        true => {
+            let estimator = estimator(request.alias, request.requested);
+            let prompt = count_prompt(estimator, request.body, request.operation).await;
+            let completion = match request.operation {
+                Operation::Embeddings => 0,
+                _ => request
+                    .body
+                    .max_tokens
+                    .unwrap_or(request.snapshot.routing.default_max_tokens),
+            };
+            Some(Estimate { prompt, completion })
+        }
+        false => None,
+    };
+    let charge = Charge {
+        tokens: estimate.map_or(0, |e| e.prompt + e.completion),
+        micro_usd: estimate.map_or(0, |e| {
+            micro_usd(dearest(request.alias), e.prompt, e.completion)
+        }),
+        lease_ms: (request.snapshot.routing.timeouts.total + LEASE_MARGIN).as_millis() as u64,
+    };
+    let ask = Ask {
+        meters,
+        charge,
+        enforce: true,
+    };
+    let verdict = request
+        .store
+        .admit(&ask)
+        .await
+        .map_err(|_| (GatewayError::StateUnavailable, RateHeaders::default()))?;
+    match verdict {
+        Verdict::Admitted(reservation) => Ok(Admission {
+            headers: RateHeaders::of(&ask.meters, &reservation.usage),
+            estimate,
+            held: Some(Held {
+                store: request.store.clone(),
+                reservation,
+                settled: false,
+            }),
+        }),
+        Verdict::Refused(refusal) => {
+            let headers = RateHeaders::of(&ask.meters, &refusal.usage);
+            Err((refused(&request, &refusal, estimate), headers))
+        }
+    }
+}
+
+/// The price a request may cost at most: the dearest of its alias's targets.
+fn dearest(alias: &Alias) -> Option<&Price> {
+    alias
+        .targets
+        .iter()
+        .filter_map(|t| t.price.as_ref().or(alias.price.as_ref()))
+        .max_by(|a, b| {
+            (a.input_per_1m + a.output_per_1m).total_cmp(&(b.input_per_1m + b.output_per_1m))
+        })
+}
+
+fn refused(request: &Request<'_>, refusal: &Refusal, estimate: Option<Estimate>) -> GatewayError {
+    let scope = match refusal.meter {
+        0 if meter_limits(&request.tenant.limits).is_some() => {
+            format!("tenant `{}`", request.tenant.name)
+        }
+        _ => format!("key `{}`", request.key.id),
+    };
+    let wait = Duration::from_millis(refusal.retry_after_ms);
+    let reserves = match estimate {
+        Some(e) => format!(
+            "this request reserves {} (prompt estimate {} + completion budget {})",
+            refusal.asked, e.prompt, e.completion
+        ),
+        None => format!("this request reserves {}", refusal.asked),
+    };
+    let (cap, used) = (refusal.cap, refusal.used);
+    let never = refusal.asked > cap;
+    let message = match refusal.limit {
+        Limit::Rpm => format!(
+            "rate limited: the {scope} allows {cap} requests per minute; retry after {}",
+            seconds(wait)
+        ),
+        Limit::Tpm if never => format!(
+            "rate limited: the {scope} allows {cap} tokens per minute and {reserves}: lower max_tokens or shorten the prompt"
+        ),
+        Limit::Tpm => format!(
+            "rate limited: the {scope} allows {cap} tokens per minute, {used} are used or reserved and {reserves}; retry after {}",
+            seconds(wait)
+        ),
+        Limit::MaxInFlight => format!(
+            "rate limited: the {scope} allows {cap} requests in flight at once; retry when one finishes"
+        ),
+        Limit::TokensPerDay => format!(
+            "quota exceeded: the {scope}'s tokens_per_day of {cap} has {used} used and {reserves}; the day renews (00:00 UTC) in {}",
+            seconds(wait)
+        ),
+        Limit::UsdPerMonth => format!(
+            "quota exceeded: the {scope}'s usd_per_month of ${:.2} has ${:.4} used and this request may cost up to ${:.4}; the month renews (UTC) in {}",
+            cap as f64 / 1e6,
+            used as f64 / 1e6,
+            refusal.asked as f64 / 1e6,
+            seconds(wait)
+        ),
+    };
+    match refusal.limit {
+        Limit::TokensPerDay | Limit::UsdPerMonth => GatewayError::QuotaExceeded {
+            message,
+            period_ends_in: wait,
+        },
+        _ => GatewayError::RateLimited {
+            message,
+            retry_after: wait,
+        },
+    }
+}
+
+fn seconds(wait: Duration) -> String {
+    let secs = wait.as_millis().div_ceil(1000).max(1);
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m{}s", s / 60, s % 60),
+        s => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// `GET /admin/tenants`: every tenant's and key's usage against each of its limits, in the
+/// current windows (rolling minute, in flight now, UTC day, UTC month), from the state store.
+pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value {
+    let mut meters: Vec<(usize, Option<usize>, MeterKey, MeterLimits)> = Vec::new();
+    for (t, tenant) in runtime.snapshot.tenants.iter().enumerate() {
+        if let Some(limits) = meter_limits(&tenant.limits) {
+            meters.push((t, None, MeterKey::tenant(&tenant.name), limits));
+        }
+        for (k, key) in tenant.keys.iter().enumerate() {
+            if let Some(limits) = meter_limits(&key.limits) {
+                meters.push((t, Some(k), MeterKey::key(&tenant.name, &key.id), limits));
+            }
+        }
+    }
+    let keys: Vec<MeterKey> = meters.iter().map(|(_, _, key, _)| key.clone()).collect();
+    let read = runtime.state.usage(&keys).await;
+    let health = runtime.state.health().await;
+    let now = onedoor_state::now_ms();
+    let usage = read.as_deref().unwrap_or_default();
+    let of = |t: usize, k: Option<usize>| {
+        meters
+            .iter()
+            .zip(usage)
+            .find(|((mt, mk, _, _), _)| *mt == t && *mk == k)
+            .map(|((_, _, _, limits), used)| limits_view(limits, used, now))
+    };
+    let tenants: Vec<serde_json::Value> = runtime
+        .snapshot
+        .tenants
+        .iter()
+        .enumerate()
+        .map(|(t, tenant)| {
+            let keys: Vec<serde_json::Value> = tenant
+                .keys
+                .iter()
+                .enumerate()
+                .filter_map(|(k, key)| {
+                    of(t, Some(k)).map(|limits| serde_json::json!({"id": key.id, "limits": limits}))
+                })
+                .collect();
+            serde_json::json!({
+                "name": tenant.name,
+                "limits": of(t, None).unwrap_or_else(|| serde_json::json!({})),
+                "keys": keys,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "state_store": {"store": health.store, "mode": health.mode, "readable": read.is_ok()},
+        "tenants": tenants,
+    })
+}
+
+fn limits_view(limits: &MeterLimits, used: &MeterUsage, now_ms: u64) -> serde_json::Value {
+    let mut view = serde_json::Map::new();
+    let mut put = |name: &str, limit: Option<u64>, used: u64, window: &str, resets: Option<u64>| {
+        if let Some(limit) = limit {
+            view.insert(
+                name.to_owned(),
+                serde_json::json!({
+                    "limit": limit, "used": used, "remaining": limit.saturating_sub(used),
+                    "window": window, "resets_in_ms": resets,
+                }),
+            );
+        }
+    };
+    put("rpm", limits.rpm, used.requests, "rolling minute", None);
+    put("tpm", limits.tpm, used.tokens, "rolling minute", None);
+    put("max_in_flight", limits.max_in_flight, used.in_flight, "now", None);
+    let day = Some(onedoor_state::day_ends_in(now_ms));
+    put("tokens_per_day", limits.tokens_per_day, used.day_tokens, "UTC day", day);
+    if let Some(cap) = limits.micro_usd_per_month {
+        let dollars = |micro: u64| micro as f64 / 1e6;
+        view.insert(
+            "usd_per_month".to_owned(),
+            serde_json::json!({
+                "limit": dollars(cap), "used": dollars(used.month_micro_usd),
+                "remaining": dollars(cap.saturating_sub(used.month_micro_usd)),
+                "window": "UTC month", "resets_in_ms": onedoor_state::month_ends_in(now_ms),
+            }),
+        );
+    }
+    serde_json::Value::Object(view)
+}
+
+/// A stream body that holds its request's admission until the stream ends or is dropped.
+struct Holding {
+    inner: Body,
+    admission: Option<Admission>,
+    report: Option<(UsageReport, Option<Price>)>,
+}
+
+impl Holding {
+    fn settle(&mut self) {
+        let Some(mut admission) = self.admission.take() else {
+            return;
+        };
+        let reported = self.report.as_ref().and_then(|(r, price)| Some((r.get()?, price)));
+        match reported {
+            Some((usage, price)) if usage.source == UsageSource::Measured => {
+                admission.reconcile(usage.prompt_tokens, usage.completion_tokens, price.as_ref())
+            }
+            _ => admission.keep_estimate(),
+        }
+    }
+}
+
+impl http_body::Body for Holding {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.settle();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        // The caller went away mid-stream: the tokens were spent all the same.
+        self.settle();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tightest_of_tenant_and_key_is_what_the_headers_say() {
+        let meters = vec![
+            (
+                MeterKey::tenant("t"),
+                MeterLimits {
+                    rpm: Some(100),
+                    tpm: Some(1000),
+                    ..MeterLimits::default()
+                },
+            ),
+            (
+                MeterKey::key("t", "k"),
+                MeterLimits {
+                    rpm: Some(10),
+                    ..MeterLimits::default()
+                },
+            ),
+        ];
+        let usage = [
+            MeterUsage {
+                requests: 50,
+                tokens: 400,
+                ..MeterUsage::default()
+            },
+            MeterUsage {
+                requests: 3,
+                ..MeterUsage::default()
+            },
+        ];
+        let headers = RateHeaders::of(&meters, &usage);
+        assert_eq!(headers.requests, Some((10, 7)));
+        assert_eq!(headers.tokens, Some((1000, 600)));
+        let mut map = HeaderMap::new();
+        headers.insert(&mut map);
+        assert_eq!(map["x-ratelimit-remaining-tokens"], "600");
+    }
+
+    #[test]
+    fn cost_is_price_per_million_times_tokens_in_millionths_of_a_dollar() {
+        let price = Price {
+            input_per_1m: 2.5,
+            output_per_1m: 10.0,
+        };
+        assert_eq!(micro_usd(Some(&price), 1000, 100), 3500);
+        assert_eq!(micro_usd(None, 1000, 100), 0);
+        assert_eq!(seconds(Duration::from_millis(59_001)), "60s");
+        assert_eq!(seconds(Duration::from_secs(14 * 3600 + 60)), "14h1m");
+    }
+}

@@ -1,0 +1,56 @@
+//! Anthropic Messages backends: `{url}/v1/messages` with `x-api-key` and the backend's
+//! `anthropic-version`. The client's OpenAI request is translated on the way out; answers,
+//! error bodies and streams are translated back into the OpenAI shape the rest of the gateway
+//! (and the caller's dialect) works from.
+
+mod answer;
+mod events;
+mod request;
+
+use bytes::Bytes;
+use http::Uri;
+use onedoor_config::Backend;
+use serde_json::Value;
+
+pub use events::AnthropicEvents;
+
+use super::Unsendable;
+use crate::request::ClientRequest;
+use crate::usage::Usage;
+
+pub fn wire(
+    backend: &Backend,
+    model: &str,
+    request: &ClientRequest,
+) -> Result<(Uri, Bytes), Unsendable> {
+    let uri = format!("{}/v1/messages", backend.url)
+        .parse()
+        .map_err(|_| Unsendable::BadUrl)?;
+    let chat: Value = serde_json::from_slice(&request.raw)
+        .map_err(|e| Unsendable::Invalid(format!("the request body is not valid JSON: {e}")))?;
+    let body = translate_request(&chat, model)?;
+    Ok((uri, Bytes::from(body.to_string())))
+}
+
+/// The Messages request for an OpenAI chat request (also what the snapshot tests read).
+pub fn translate_request(chat: &Value, model: &str) -> Result<Value, Unsendable> {
+    request::translate(chat, model).map_err(|e| Unsendable::Invalid(e.0))
+}
+
+/// A Messages answer as a `chat.completion`, and its usage; a body that is not a message is
+/// left as it came.
+pub fn answer(body: Bytes, created: u64) -> (Bytes, Option<Usage>) {
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(message) if message["type"] == "message" => {
+            let (completion, usage) = answer::completion(&message, created);
+            (Bytes::from(completion.to_string()), usage)
+        }
+        _ => (body, None),
+    }
+}
+
+/// An Anthropic error body in the OpenAI envelope; `None` when it is not one.
+pub fn error_body(body: &[u8]) -> Option<Bytes> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    (value["type"] == "error").then(|| Bytes::from(answer::error(&value).to_string()))
+}

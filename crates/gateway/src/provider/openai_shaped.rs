@@ -1,0 +1,250 @@
+//! Answers of OpenAI-shaped backends (Azure, OpenAI-compatible servers): usage read, the usage
+//! chunk the gateway asked for on the client's behalf dropped when the client did not ask, and
+//! the quirks of lax OpenAI-compatible servers (reference section 2.6) repaired: every tool
+//! call at index 0, arguments sent as an object, `finish_reason: stop` after tool calls. A
+//! chunk or body that needs no repair is relayed byte for byte.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use crate::provider::EventTranslator;
+use crate::stream::{classify, error_event, event_data, EventKind};
+use crate::usage::{estimate_tokens, Usage};
+
+/// Gives each tool call its position in the message: a new `id` on an index already taken is
+/// a new call (servers that send every call at index 0).
+#[derive(Default)]
+struct ToolIndex {
+    /// (upstream index, the call's id, its position)
+    calls: Vec<(u64, Option<String>, u64)>,
+}
+
+impl ToolIndex {
+    fn position(&mut self, upstream: u64, id: Option<&str>) -> u64 {
+        let next = self.calls.len() as u64;
+        match self.calls.iter_mut().rev().find(|c| c.0 == upstream) {
+            Some(call) => match (id, call.1.as_deref()) {
+                (Some(id), Some(known)) if id != known => {}
+                (Some(id), None) => {
+                    call.1 = Some(id.to_owned());
+                    return call.2;
+                }
+                _ => return call.2,
+            },
+            None => {}
+        }
+        self.calls.push((upstream, id.map(str::to_owned), next));
+        next
+    }
+}
+
+/// Tool call arguments as the JSON string clients expect; whether they had to be serialised.
+fn string_arguments(call: &mut Value) -> bool {
+    let Some(arguments) = call
+        .get_mut("function")
+        .and_then(|f| f.get_mut("arguments"))
+    else {
+        return false;
+    };
+    match arguments {
+        Value::Object(_) | Value::Array(_) => {
+            *arguments = json!(arguments.to_string());
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The array under `key`, if there is one (never inserting the key, as indexing would).
+fn array_mut<'a>(value: &'a mut Value, key: &str) -> impl Iterator<Item = &'a mut Value> {
+    value
+        .get_mut(key)
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+}
+
+pub struct ChatEvents {
+    /// The client asked for the usage chunk (`stream_options.include_usage`).
+    include_usage: bool,
+    prompt_estimate: u64,
+    usage: Option<Usage>,
+    identity: Value,
+    tools: ToolIndex,
+    saw_tool: bool,
+    completion_chars: usize,
+    done: bool,
+}
+
+impl ChatEvents {
+    pub fn new(include_usage: bool, prompt_estimate: u64) -> Self {
+        ChatEvents {
+            include_usage,
+            prompt_estimate,
+            usage: None,
+            identity: json!({"id": "", "created": 0, "model": ""}),
+            tools: ToolIndex::default(),
+            saw_tool: false,
+            completion_chars: 0,
+            done: false,
+        }
+    }
+
+    /// Repairs the quirks in one chunk; whether anything changed.
+    fn repair(&mut self, chunk: &mut Value) -> bool {
+        let mut changed = false;
+        for choice in array_mut(chunk, "choices") {
+            let Some(delta) = choice.get_mut("delta") else {
+                if self.saw_tool && choice["finish_reason"] == "stop" {
+                    choice["finish_reason"] = json!("tool_calls");
+                    changed = true;
+                }
+                continue;
+            };
+            if let Some(text) = delta["content"].as_str() {
+                self.completion_chars += text.chars().count();
+            }
+            for call in array_mut(delta, "tool_calls") {
+                self.saw_tool = true;
+                let upstream = call["index"].as_u64();
+                let position = self
+                    .tools
+                    .position(upstream.unwrap_or(0), call["id"].as_str());
+                if upstream != Some(position) {
+                    call["index"] = json!(position);
+                    changed = true;
+                }
+                changed |= string_arguments(call);
+                if let Some(arguments) = call["function"]["arguments"].as_str() {
+                    self.completion_chars += arguments.chars().count();
+                }
+            }
+            if self.saw_tool && choice["finish_reason"] == "stop" {
+                choice["finish_reason"] = json!("tool_calls");
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// The usage chunk a client that asked for one gets when the upstream sent none: the
+    /// gateway's estimate (the trailing usage comment says so).
+    fn synthesized_usage(&self) -> Bytes {
+        let mut chunk = json!({"object": "chat.completion.chunk", "choices": [], "usage": self.usage().to_openai()});
+        for key in ["id", "created", "model"] {
+            chunk[key] = self.identity[key].clone();
+        }
+        Bytes::from(format!("data: {chunk}\n\n"))
+    }
+
+    fn end(&mut self, done: Bytes, out: &mut Vec<(EventKind, Bytes)>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if self.include_usage && self.usage.is_none() {
+            out.push((EventKind::Meta, self.synthesized_usage()));
+        }
+        out.push((EventKind::Done, done));
+    }
+}
+
+impl EventTranslator for ChatEvents {
+    fn translate(&mut self, event: Bytes, out: &mut Vec<(EventKind, Bytes)>) {
+        let data = event_data(&event);
+        let data = data.trim_ascii();
+        if data.is_empty() {
+            return;
+        }
+        if data == b"[DONE]" {
+            return self.end(event, out);
+        }
+        let Ok(mut chunk) = serde_json::from_slice::<Value>(data) else {
+            out.push((EventKind::Malformed, event));
+            return;
+        };
+        if chunk.get("error").is_some_and(|e| !e.is_null()) {
+            out.push((EventKind::Error, event));
+            return;
+        }
+        if chunk["id"].as_str().is_some_and(|id| !id.is_empty()) && self.identity["id"] == "" {
+            for key in ["id", "created", "model"] {
+                self.identity[key] = chunk[key].clone();
+            }
+        }
+        if let Some(usage) = chunk.get("usage").and_then(Usage::from_openai) {
+            self.usage = Some(usage);
+            let usage_only = chunk["choices"].as_array().is_some_and(Vec::is_empty);
+            if usage_only && !self.include_usage {
+                return;
+            }
+        }
+        let event = match self.repair(&mut chunk) {
+            true => Bytes::from(format!("data: {chunk}\n\n")),
+            false => event,
+        };
+        out.push((classify(&event), event));
+    }
+
+    fn finish(&mut self, out: &mut Vec<(EventKind, Bytes)>) {
+        self.end(Bytes::from_static(b"data: [DONE]\n\n"), out);
+    }
+
+    fn failure_event(&self, message: &str) -> Bytes {
+        error_event(message)
+    }
+
+    fn usage(&self) -> Usage {
+        self.usage.unwrap_or_else(|| {
+            Usage::estimated(self.prompt_estimate, estimate_tokens(self.completion_chars))
+        })
+    }
+}
+
+/// A whole `chat.completion` with the same repairs, its usage, and the characters of its
+/// answer (for an estimate when it carries no usage).
+pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return (body, None, 0);
+    };
+    let usage = value.get("usage").and_then(Usage::from_openai);
+    let mut changed = false;
+    let mut chars = 0;
+    for choice in array_mut(&mut value, "choices") {
+        let mut calls = 0;
+        if let Some(message) = choice.get_mut("message") {
+            chars += message["content"].as_str().map_or(0, |t| t.chars().count());
+            for call in array_mut(message, "tool_calls") {
+                calls += 1;
+                changed |= string_arguments(call);
+                chars += call["function"]["arguments"]
+                    .as_str()
+                    .map_or(0, |t| t.chars().count());
+            }
+        }
+        if calls > 0 && choice["finish_reason"] == "stop" {
+            choice["finish_reason"] = json!("tool_calls");
+            changed = true;
+        }
+    }
+    match changed {
+        true => (Bytes::from(value.to_string()), usage, chars),
+        false => (body, usage, chars),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_id_on_a_taken_index_is_a_new_call() {
+        let mut tools = ToolIndex::default();
+        assert_eq!(tools.position(0, Some("a")), 0);
+        assert_eq!(tools.position(0, None), 0);
+        assert_eq!(tools.position(0, Some("a")), 0);
+        assert_eq!(tools.position(0, Some("b")), 1);
+        assert_eq!(tools.position(0, None), 1);
+        assert_eq!(tools.position(1, Some("c")), 2);
+    }
+}

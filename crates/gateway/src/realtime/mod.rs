@@ -1,0 +1,245 @@
+//! Realtime over WebSocket (contract section 3; wire reference section 5): the path that cannot
+//! fail over once it has started. At the handshake the gateway authenticates (a header, or the
+//! browser's key subprotocol), applies the tenant's policy (models, regions, `max_sessions`),
+//! routes with the HTTP rules (`router::plan`, then the failover loop, which may move to another
+//! backend only while no upstream has accepted the handshake), and opens the upstream socket
+//! before it answers the client's 101, so a refusal is still a proper HTTP answer. From then on
+//! the session is pinned: [`session`] pumps frames both ways until one side closes, and records
+//! one usage record for the whole session from its `response.done` events.
+
+mod ask;
+mod close;
+mod limit;
+mod session;
+mod upstream;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use onedoor_config::{BackendId, Provider};
+use onedoor_usage::{Source, Tokens, UsageRecord};
+use tokio::time::Instant;
+
+use crate::auth;
+use crate::body::{full, Body};
+use crate::errors::GatewayError;
+use crate::failover::{Ending, Failover, Trail};
+use crate::pipeline;
+use crate::request::Operation;
+use crate::router::{self, Excluded, Plan};
+use crate::runtime::Runtime;
+use crate::surface::RealtimePath;
+use crate::upstream::Failure;
+
+use ask::Ask;
+use session::Session;
+pub use session::Sessions;
+
+/// What a handshake tells the request pipeline, for the answer's headers and its log line.
+pub struct Handshake {
+    pub response: Result<Response<Body>, GatewayError>,
+    pub trail: Trail,
+    pub backend: Option<BackendId>,
+    pub alias: Option<String>,
+    /// (tenant, key id) of a handshake refused once the caller was known: the pipeline records
+    /// it like any refused request. An accepted session records itself when it ends.
+    pub refused: Option<(String, String)>,
+}
+
+/// What the handshake learned on its way, whatever its outcome.
+#[derive(Default)]
+struct Seen {
+    trail: Trail,
+    backend: Option<BackendId>,
+    alias: Option<String>,
+    caller: Option<(String, String)>,
+}
+
+/// Answers a realtime handshake: 101 with the session running, or the refusal.
+pub async fn open(
+    runtime: &Arc<Runtime>,
+    request: Request<Incoming>,
+    path: RealtimePath,
+    request_id: &str,
+) -> Handshake {
+    let mut seen = Seen::default();
+    let response = accept(runtime, request, path, request_id, &mut seen).await;
+    let switched = matches!(&response, Ok(r) if r.status() == StatusCode::SWITCHING_PROTOCOLS);
+    Handshake {
+        response,
+        trail: seen.trail,
+        backend: seen.backend,
+        alias: seen.alias,
+        refused: seen.caller.filter(|_| !switched),
+    }
+}
+
+async fn accept(
+    runtime: &Arc<Runtime>,
+    mut request: Request<Incoming>,
+    path: RealtimePath,
+    request_id: &str,
+    seen: &mut Seen,
+) -> Result<Response<Body>, GatewayError> {
+    let started = Instant::now();
+    let arrived_ms = onedoor_usage::now_ms();
+    let snapshot = &runtime.snapshot;
+    let ask = Ask::read(
+        path,
+        request.uri().query().unwrap_or(""),
+        request.headers(),
+    )?;
+    let caller = match (auth::presented_key(request.headers()), &ask.subprotocol_key) {
+        (None, Some(key)) => auth::caller_of(snapshot, key)?,
+        _ => auth::authenticate(snapshot, request.headers())?,
+    };
+    seen.caller = Some((caller.tenant.name.clone(), caller.key.id.clone()));
+    seen.alias = Some(ask.alias.clone());
+    let (alias, alias_index) = pipeline::resolve(snapshot, &ask.alias, caller.tenant)?;
+    let entered = runtime.sessions.enter().ok_or_else(|| {
+        GatewayError::NoBackendAvailable(
+            "onedoor is shutting down and opens no new realtime sessions; connect again shortly"
+                .into(),
+        )
+    })?;
+    let slot = limit::admit(snapshot, &runtime.state, caller.tenant, caller.key).await?;
+    let mut plan = router::plan(
+        runtime,
+        alias,
+        &ask.alias,
+        caller.tenant,
+        Operation::ChatCompletions,
+    )
+    .await
+    .map_err(|_| GatewayError::StateUnavailable)?;
+    keep_realtime_capable(runtime, &mut plan);
+    let client = hyper::upgrade::on(&mut request);
+    let deadline = Instant::now() + snapshot.routing.timeouts.total;
+    let failover = Failover::new(runtime, &ask.alias, alias_index, plan, deadline, 0);
+    let asked = &ask;
+    let outcome = failover
+        .run(&mut seen.trail, |candidate| async move {
+            upstream::connect(runtime, &candidate, asked, deadline).await
+        })
+        .await;
+    let (candidate, upstream) = match outcome {
+        Ok(found) => found,
+        Err(Ending::Error(error)) => return Err(error),
+        Err(Ending::Upstream { backend, failure }) => {
+            seen.backend = Some(backend);
+            return Ok(passthrough(failure));
+        }
+    };
+    seen.backend = Some(candidate.backend);
+    let backend = snapshot
+        .backends
+        .get(candidate.backend)
+        .ok_or_else(|| GatewayError::UpstreamFailed(ask.alias.clone()))?;
+    let record = UsageRecord {
+        request_id: request_id.to_owned(),
+        at_ms: arrived_ms,
+        tenant: caller.tenant.name.clone(),
+        key_id: caller.key.id.clone(),
+        alias: ask.alias.clone(),
+        backend: Some(backend.name.clone()),
+        model: Some(candidate.deployment.clone()),
+        region: Some(backend.region.clone()),
+        status: StatusCode::SWITCHING_PROTOCOLS.as_u16(),
+        tokens: Tokens {
+            input: 0,
+            output: 0,
+            cached: 0,
+            source: Source::Estimated,
+        },
+        estimated_tokens: 0,
+        cost_usd: 0.0,
+        duration_ms: 0,
+        ttft_ms: None,
+        attempts: seen.trail.header(),
+        stream: true,
+        stream_cut: false,
+    };
+    tracing::info!(
+        request_id,
+        tenant = %caller.tenant.name,
+        alias = %ask.alias,
+        backend = %backend.name,
+        attempts = %record.attempts,
+        "realtime session opened"
+    );
+    let session = Session {
+        runtime: runtime.clone(),
+        upstream,
+        client,
+        entered,
+        slot,
+        price: onedoor_usage::price_of(alias, candidate.backend, &candidate.deployment).copied(),
+        record,
+        started,
+    };
+    // The session ends by itself: either side closing, its idle or maximum time, or the
+    // gateway's shutdown (`Sessions::close_all`).
+    tokio::spawn(session.run());
+    Ok(switching(&ask))
+}
+
+/// Anthropic has no realtime API: its targets are left out as unsupported.
+fn keep_realtime_capable(runtime: &Runtime, plan: &mut Plan) {
+    let serves = |backend: BackendId| {
+        runtime
+            .snapshot
+            .backends
+            .get(backend)
+            .is_some_and(|b| b.provider != Provider::Anthropic)
+    };
+    let (kept, left): (Vec<_>, Vec<_>) = plan
+        .candidates
+        .drain(..)
+        .partition(|c| serves(c.backend));
+    plan.candidates = kept;
+    plan.excluded
+        .extend(left.into_iter().map(|c| (c, Excluded::Unsupported)));
+}
+
+/// The client's 101: the accept key, and `realtime` when the client offered it.
+fn switching(ask: &Ask) -> Response<Body> {
+    let mut response = Response::new(full(Bytes::new()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let headers = response.headers_mut();
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    if let Ok(accept) = HeaderValue::from_str(&ask.accept_key()) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    if ask.offers_realtime {
+        headers.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(ask::REALTIME),
+        );
+    }
+    response
+}
+
+/// An upstream's own refusal of the handshake (a 4xx that is the caller's to see), as it came.
+fn passthrough(failure: Failure) -> Response<Body> {
+    let Failure::Status {
+        status,
+        headers,
+        body,
+    } = failure
+    else {
+        return GatewayError::UpstreamFailed("the realtime session".into()).into_response();
+    };
+    let mut response = Response::new(full(body));
+    *response.status_mut() = status;
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .cloned()
+        .unwrap_or(HeaderValue::from_static("application/json"));
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, content_type);
+    response
+}

@@ -1,0 +1,422 @@
+//! The one place a finished request becomes a [`UsageRecord`] and goes to the usage recorder:
+//! a whole answer when the pipeline is done with it, a stream when its body ends or is dropped
+//! (the caller went away) through [`Metered`], which carries the record-in-progress. The
+//! recorder itself lives as long as the gateway; a reload keeps it unless `usage.store` changed.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{header, Response};
+use http_body::{Frame, SizeHint};
+use http_body_util::BodyExt;
+use onedoor_config::{Alias, BackendId, Price, Snapshot};
+use onedoor_usage::{Destination, Recorder, Source, Tokens, UsageRecord};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::body::{Body, BoxError};
+use crate::runtime::Runtime;
+use crate::usage::{Usage, UsageReport, UsageSource};
+
+/// The recorder for a snapshot's `usage` settings; off (and logged) when it cannot start.
+pub fn start(snapshot: &Snapshot) -> Recorder {
+    let started = Destination::of(&snapshot.usage).and_then(Recorder::start);
+    started.unwrap_or_else(|error| {
+        tracing::error!(%error, "usage recording is off: the usage store cannot be used");
+        Recorder::off()
+    })
+}
+
+/// The recorder a reloaded `snapshot` runs with: the running one unless `usage.store` (or its
+/// journal) changed. A replaced recorder is closed; records of requests still under way on it
+/// then go to its journal, which the next start with that store replays.
+pub fn carry_over(running: &Recorder, snapshot: &Snapshot) -> Recorder {
+    let Ok(destination) = Destination::of(&snapshot.usage) else {
+        return running.clone();
+    };
+    if running.writes_to(&destination) {
+        return running.clone();
+    }
+    let next = match Recorder::start(destination) {
+        Ok(next) => next,
+        Err(error) => {
+            tracing::error!(%error, "the new usage store cannot be used; records keep going to the old one");
+            return running.clone();
+        }
+    };
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        let old = running.clone();
+        handle.spawn(async move { old.close().await });
+    }
+    next
+}
+
+/// What the gateway estimated before sending: the prompt alone, and prompt plus completion
+/// budget (what routing and limits reserve).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Estimate {
+    pub prompt: u64,
+    pub total: u64,
+}
+
+/// What the pipeline knows about a request once its response head is ready.
+pub struct Ended<'a> {
+    pub request_id: &'a str,
+    pub arrived_ms: u64,
+    pub started: Instant,
+    pub tenant: &'a str,
+    pub key_id: &'a str,
+    pub alias: &'a str,
+    pub backend: Option<BackendId>,
+    pub deployment: Option<&'a str>,
+    /// `x-onedoor-attempts`.
+    pub attempts: String,
+    pub estimate: Estimate,
+    /// A whole answer's usage, when the upstream reported it.
+    pub tokens: Option<Tokens>,
+    /// The answer's usage as the gateway measured (or, lacking the upstream's, counted) it; a
+    /// stream's is there once the stream has ended.
+    pub usage: Option<UsageReport>,
+}
+
+/// The usage record's tokens for a gateway [`Usage`].
+pub fn tokens_of(usage: &Usage) -> Tokens {
+    Tokens {
+        input: usage.prompt_tokens,
+        output: usage.completion_tokens,
+        cached: usage.cached_tokens,
+        source: match usage.source {
+            UsageSource::Measured => Source::Measured,
+            UsageSource::Estimated => Source::Estimated,
+        },
+    }
+}
+
+/// Records the request now, or for a stream when its body ends; returns the response to send.
+pub fn hand_off(runtime: &Runtime, ended: Ended<'_>, response: Response<Body>) -> Response<Body> {
+    let recorder = &runtime.recorder;
+    let stream = is_stream(&response);
+    let mut pending = Pending::new(&runtime.snapshot, &ended, response.status().as_u16());
+    if !stream {
+        let tokens = ended
+            .tokens
+            .unwrap_or_else(|| unmeasured(&ended, pending.status()));
+        recorder.record(pending.finish(tokens, None, false));
+        return response;
+    }
+    pending.record.stream = true;
+    let recorder = recorder.clone();
+    let report = ended.usage;
+    response.map(move |inner| {
+        Metered {
+            inner: Some(inner),
+            pending: Some((pending, recorder)),
+            seen: Seen::default(),
+            report,
+        }
+        .boxed_unsync()
+    })
+}
+
+fn is_stream(response: &Response<Body>) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// The tokens of an answer without a usage block: the gateway's count of the prompt for an
+/// answer, nothing for an error (no upstream produced tokens the caller received).
+fn unmeasured(ended: &Ended<'_>, status: u16) -> Tokens {
+    let answered = (200..300).contains(&status);
+    Tokens {
+        input: if answered { ended.estimate.prompt } else { 0 },
+        output: 0,
+        cached: 0,
+        source: Source::Estimated,
+    }
+}
+
+/// A record waiting for its tokens and timings, with the price of the target that answered.
+struct Pending {
+    record: UsageRecord,
+    price: Option<Price>,
+    started: Instant,
+    estimate: Estimate,
+}
+
+impl Pending {
+    fn new(snapshot: &Snapshot, ended: &Ended<'_>, status: u16) -> Pending {
+        let backend = ended.backend.and_then(|b| snapshot.backends.get(b));
+        let price = match (ended.backend, ended.deployment) {
+            (Some(backend), Some(deployment)) => alias_of(snapshot, ended.alias)
+                .and_then(|alias| onedoor_usage::price_of(alias, backend, deployment))
+                .copied(),
+            _ => None,
+        };
+        let record = UsageRecord {
+            request_id: ended.request_id.to_owned(),
+            at_ms: ended.arrived_ms,
+            tenant: ended.tenant.to_owned(),
+            key_id: ended.key_id.to_owned(),
+            alias: ended.alias.to_owned(),
+            backend: backend.map(|b| b.name.clone()),
+            model: ended.deployment.map(str::to_owned),
+            region: backend.map(|b| b.region.clone()),
+            status,
+            tokens: Tokens {
+                input: 0,
+                output: 0,
+                cached: 0,
+                source: Source::Estimated,
+            },
+            estimated_tokens: ended.estimate.total,
+            cost_usd: 0.0,
+            duration_ms: 0,
+            ttft_ms: None,
+            attempts: ended.attempts.clone(),
+            stream: false,
+            stream_cut: false,
+        };
+        Pending {
+            record,
+            price,
+            started: ended.started,
+            estimate: ended.estimate,
+        }
+    }
+
+    fn status(&self) -> u16 {
+        self.record.status
+    }
+
+    fn finish(mut self, tokens: Tokens, ttft: Option<Instant>, cut: bool) -> UsageRecord {
+        let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.record.tokens = tokens;
+        self.record.cost_usd = onedoor_usage::cost_of(self.price.as_ref(), &tokens);
+        self.record.duration_ms = millis(self.started.elapsed());
+        self.record.ttft_ms = ttft.map(|at| millis(at.duration_since(self.started)));
+        self.record.stream_cut = cut;
+        self.record
+    }
+}
+
+/// The alias a requested name resolved to (the `"*"` alias for names it discovered).
+fn alias_of<'s>(snapshot: &'s Snapshot, name: &str) -> Option<&'s Alias> {
+    match snapshot.alias_by_name.get(name) {
+        Some(&index) => snapshot.aliases.get(index),
+        None => snapshot.wildcard.as_ref(),
+    }
+}
+
+/// The usage block of a whole answer: OpenAI Chat Completions and embeddings, the Responses
+/// API, or Anthropic Messages. Only `usage` is decoded; the rest of the body is skipped.
+pub fn measured(body: &[u8]) -> Option<Tokens> {
+    serde_json::from_slice::<Probe>(body).ok()?.usage?.tokens()
+}
+
+#[derive(Deserialize)]
+struct Probe {
+    #[serde(default)]
+    usage: Option<UsageBlock>,
+}
+
+/// The fields of every dialect's usage object that count tokens.
+#[derive(Deserialize)]
+struct UsageBlock {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    input_tokens_details: Option<Details>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    cached_tokens: Option<u64>,
+}
+
+impl UsageBlock {
+    fn tokens(&self) -> Option<Tokens> {
+        let cached = |details: &Option<Details>| details.as_ref().and_then(|d| d.cached_tokens);
+        if let Some(prompt) = self.prompt_tokens {
+            return Some(Tokens {
+                input: prompt,
+                output: self.completion_tokens.unwrap_or(0),
+                cached: cached(&self.prompt_tokens_details).unwrap_or(0),
+                source: Source::Measured,
+            });
+        }
+        // Anthropic counts cache reads and writes apart from `input_tokens`; Responses does not.
+        let input = self.input_tokens?;
+        let read = self.cache_read_input_tokens;
+        let write = self.cache_creation_input_tokens.unwrap_or(0);
+        Some(Tokens {
+            input: input + read.unwrap_or(0) + write,
+            output: self.output_tokens.unwrap_or(0),
+            cached: read
+                .or_else(|| cached(&self.input_tokens_details))
+                .unwrap_or(0),
+            source: Source::Measured,
+        })
+    }
+}
+
+/// What the caller's stream showed so far.
+#[derive(Default)]
+struct Seen {
+    first_at: Option<Instant>,
+    /// Events with content (a rough count of output tokens when no usage comes).
+    events: u64,
+    usage: Option<Tokens>,
+    cut: bool,
+}
+
+impl Seen {
+    fn frame(&mut self, data: &[u8]) {
+        self.first_at.get_or_insert_with(Instant::now);
+        for event in data
+            .split(|b| *b == b'\n')
+            .filter(|line| line.starts_with(b"data:"))
+        {
+            let payload = event[5..].trim_ascii();
+            if payload.starts_with(b"{\"error\"") {
+                self.cut = true;
+            } else if payload != b"[DONE]" {
+                self.events += 1;
+                self.usage = self.usage.or_else(|| streamed_usage(payload));
+            }
+        }
+        if data.starts_with(b"event: error") || contains(data, b"\nevent: error") {
+            self.cut = true;
+        }
+    }
+}
+
+/// The usage an OpenAI usage chunk carries; only events that name `usage` are parsed.
+fn streamed_usage(payload: &[u8]) -> Option<Tokens> {
+    if !contains(payload, b"\"usage\"") {
+        return None;
+    }
+    measured(payload)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A streamed answer's body that records its request when it ends: at its last frame, at an
+/// error, or when dropped before either (the caller hung up).
+struct Metered {
+    inner: Option<Body>,
+    pending: Option<(Pending, Recorder)>,
+    seen: Seen,
+    /// The relay's own account of the stream, read first when it is there.
+    report: Option<UsageReport>,
+}
+
+impl Metered {
+    fn finish(&mut self) {
+        let Some((pending, recorder)) = self.pending.take() else {
+            return;
+        };
+        let reported = self.report.as_ref().and_then(UsageReport::get);
+        let tokens = reported
+            .map(|u| tokens_of(&u))
+            .or(self.seen.usage)
+            .unwrap_or(Tokens {
+                input: pending.estimate.prompt,
+                output: self.seen.events,
+                cached: 0,
+                source: Source::Estimated,
+            });
+        recorder.record(pending.finish(tokens, self.seen.first_at, self.seen.cut));
+    }
+}
+
+impl http_body::Body for Metered {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.seen.frame(data);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                this.seen.cut = true;
+                this.finish();
+            }
+            Poll::Ready(None) => this.finish(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), http_body::Body::size_hint)
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        // The relay inside goes first: whatever it reports at its end is in by now.
+        self.inner = None;
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_blocks_of_every_dialect_are_read() {
+        let openai = br#"{"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        let tokens = measured(openai).unwrap();
+        assert_eq!((tokens.input, tokens.output, tokens.cached), (12, 5, 4));
+        assert_eq!(tokens.source, Source::Measured);
+        let anthropic = br#"{"usage":{"input_tokens":10,"cache_read_input_tokens":100,"cache_creation_input_tokens":5,"output_tokens":7}}"#;
+        let tokens = measured(anthropic).unwrap();
+        assert_eq!((tokens.input, tokens.output, tokens.cached), (115, 7, 100));
+        let responses = br#"{"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":2},"output_tokens":3}}"#;
+        let tokens = measured(responses).unwrap();
+        assert_eq!((tokens.input, tokens.output, tokens.cached), (5, 3, 2));
+        assert_eq!(measured(br#"{"choices":[]}"#), None);
+    }
+
+    #[test]
+    fn a_stream_shows_its_usage_chunk_and_its_cut() {
+        let mut seen = Seen::default();
+        seen.frame(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n");
+        assert_eq!(seen.usage, None);
+        seen.frame(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n");
+        assert_eq!(seen.usage.map(|u| u.total()), Some(11));
+        assert!(!seen.cut);
+        seen.frame(b"data: {\"error\":{\"message\":\"cut\"}}\n\n");
+        assert!(seen.cut);
+    }
+}

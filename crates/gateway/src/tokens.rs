@@ -1,0 +1,495 @@
+//! Prompt token estimates for admission (reference/wire-protocols.md section 6): the model family
+//! picks the encoding (o200k_base, cl100k_base) and the image and tool costs; text is counted by
+//! `bpe-openai`, whose byte-pair encoder is exact against tiktoken and linear in the input (no
+//! quadratic blow-up on a long run without spaces), with its vocabularies built into the binary.
+//! Chat overhead follows OpenAI's cookbook: 3 tokens a message, 1 more for a `name`, 3 to prime
+//! the reply; tool schemas and image tiles follow its recipes. Claude has no public tokenizer:
+//! its models get an estimate of 3.5 characters a token. Every number here is an estimate that
+//! the measured usage replaces.
+
+use std::borrow::Cow;
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+const TOKENS_PER_MESSAGE: u64 = 3;
+const TOKENS_PER_NAME: u64 = 1;
+const REPLY_PRIMING: u64 = 3;
+/// tiktoken-rs's per-call overhead for a tool or function call in an assistant message.
+const FUNCTION_CALL_OVERHEAD: u64 = 1;
+/// An image whose size cannot be read without fetching it (a remote URL) is counted as this.
+const UNKNOWN_IMAGE: (u32, u32) = (1024, 1024);
+/// At most this much of a base64 data URL is decoded to find the image's size.
+const IMAGE_HEADER_BASE64: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    O200k,
+    Cl100k,
+    /// No public tokenizer (Claude): characters / 3.5.
+    Approximate,
+}
+
+/// How a model family charges an image.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Images {
+    /// 512 px tiles after fitting into 2048 and scaling the short side to 768.
+    Tiles { base: u64, per_tile: u64 },
+    /// 32 px patches, at most 1536, times a factor.
+    Patches { factor: f64 },
+}
+
+/// The cookbook's tool-schema constants (`func_init` differs between the families).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ToolCosts {
+    func_init: i64,
+    prop_init: i64,
+    prop_key: i64,
+    enum_init: i64,
+    enum_item: i64,
+    func_end: i64,
+}
+
+/// The estimator for one model family.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimator {
+    pub encoding: Encoding,
+    images: Images,
+    tools: ToolCosts,
+}
+
+const O200K_TOOLS: ToolCosts = ToolCosts {
+    func_init: 7,
+    prop_init: 3,
+    prop_key: 3,
+    enum_init: -3,
+    enum_item: 3,
+    func_end: 12,
+};
+const CL100K_TOOLS: ToolCosts = ToolCosts {
+    func_init: 10,
+    ..O200K_TOOLS
+};
+
+fn starts(name: &str, prefixes: &[&str]) -> bool {
+    prefixes.iter().any(|p| name.starts_with(p))
+}
+
+impl Estimator {
+    /// The estimator for a model or deployment name, by the reference's prefix table; a name it
+    /// does not know (an Azure deployment called `prod-chat`) gets the current family, o200k.
+    pub fn for_model(name: &str) -> Self {
+        let name = name.to_ascii_lowercase();
+        let name = name.as_str();
+        let o200k = [
+            "gpt-5", "gpt-4.1", "gpt-4.5", "gpt-4o", "chatgpt-4o-", "o1", "o3", "o4", "codex-mini",
+            "gpt-oss-",
+        ];
+        let cl100k = [
+            "gpt-4", "gpt-3.5", "gpt-35", "text-embedding-", "davinci", "babbage", "text-davinci",
+            "code-davinci",
+        ];
+        let encoding = if starts(name, &o200k) {
+            Encoding::O200k
+        } else if starts(name, &cl100k) {
+            Encoding::Cl100k
+        } else if name.starts_with("claude") {
+            Encoding::Approximate
+        } else {
+            Encoding::O200k
+        };
+        let images = if starts(name, &["gpt-4.1-mini", "gpt-5-mini"]) {
+            Images::Patches { factor: 1.62 }
+        } else if starts(name, &["gpt-4.1-nano", "gpt-5-nano"]) {
+            Images::Patches { factor: 2.46 }
+        } else if name.starts_with("o4-mini") {
+            Images::Patches { factor: 1.72 }
+        } else if name.starts_with("gpt-4o-mini") {
+            Images::Tiles {
+                base: 2833,
+                per_tile: 5667,
+            }
+        } else if starts(name, &["o1", "o3"]) {
+            Images::Tiles {
+                base: 75,
+                per_tile: 150,
+            }
+        } else if name.starts_with("computer-use") {
+            Images::Tiles {
+                base: 65,
+                per_tile: 129,
+            }
+        } else {
+            Images::Tiles {
+                base: 85,
+                per_tile: 170,
+            }
+        };
+        let tools = match encoding {
+            Encoding::Cl100k => CL100K_TOOLS,
+            _ => O200K_TOOLS,
+        };
+        Estimator {
+            encoding,
+            images,
+            tools,
+        }
+    }
+
+    /// Tokens of plain text.
+    pub fn text(&self, text: &str) -> u64 {
+        match self.encoding {
+            Encoding::O200k => bpe_openai::o200k_base().count(text) as u64,
+            Encoding::Cl100k => bpe_openai::cl100k_base().count(text) as u64,
+            Encoding::Approximate => (text.chars().count() as u64 * 2).div_ceil(7),
+        }
+    }
+
+    /// The prompt tokens of a chat request's `messages` (and `tools`, `functions`, Anthropic's
+    /// top-level `system`); `None` when they are not in a shape this counts.
+    pub fn chat(&self, request: ChatFields<'_>) -> Option<u64> {
+        let messages: Vec<Message<'_>> = serde_json::from_str(request.messages?.get()).ok()?;
+        let mut total = REPLY_PRIMING;
+        if let Some(system) = request.system {
+            total += TOKENS_PER_MESSAGE + self.text("system") + self.content(system)?;
+        }
+        for message in &messages {
+            total += self.message(message)?;
+        }
+        let tools = [request.tools, request.functions];
+        for list in tools.into_iter().flatten() {
+            total += self.tools(list)?;
+        }
+        Some(total)
+    }
+
+    fn message(&self, message: &Message<'_>) -> Option<u64> {
+        let strings = [&message.role, &message.tool_call_id, &message.refusal];
+        let mut total = TOKENS_PER_MESSAGE
+            + strings
+                .into_iter()
+                .flatten()
+                .map(|s| self.text(s))
+                .sum::<u64>();
+        if let Some(name) = &message.name {
+            total += self.text(name) + TOKENS_PER_NAME;
+        }
+        if let Some(content) = message.content {
+            total += self.content(content)?;
+        }
+        let calls = message.tool_calls.iter().flatten().map(|c| &c.function);
+        for call in calls.chain(&message.function_call) {
+            total += FUNCTION_CALL_OVERHEAD
+                + call.name.as_deref().map_or(0, |n| self.text(n))
+                + call.arguments.as_deref().map_or(0, |a| self.text(a));
+        }
+        Some(total)
+    }
+
+    /// A message content: a string, or parts (text, images; other kinds count nothing).
+    fn content(&self, raw: &RawValue) -> Option<u64> {
+        match raw.get().as_bytes().first() {
+            Some(b'"') => Some(self.text(&string(raw)?)),
+            Some(b'[') => {
+                let parts: Vec<Part<'_>> = serde_json::from_str(raw.get()).ok()?;
+                Some(parts.iter().map(|p| self.part(p)).sum())
+            }
+            _ => Some(0),
+        }
+    }
+
+    fn part(&self, part: &Part<'_>) -> u64 {
+        if let Some(text) = &part.text {
+            return self.text(text);
+        }
+        if let Some(image) = &part.image_url {
+            let size = data_url_size(&image.url).unwrap_or(UNKNOWN_IMAGE);
+            return self.image(size, image.detail.as_deref());
+        }
+        if let Some(source) = &part.source {
+            let size = source
+                .data
+                .as_deref()
+                .and_then(base64_image_size)
+                .unwrap_or(UNKNOWN_IMAGE);
+            return self.image(size, None);
+        }
+        // Anthropic tool results carry their text one level down.
+        part.content.map_or(0, |c| self.content(c).unwrap_or(0))
+    }
+
+    /// The tokens of one image of `(width, height)` pixels.
+    fn image(&self, (width, height): (u32, u32), detail: Option<&str>) -> u64 {
+        let (w, h) = (f64::from(width.max(1)), f64::from(height.max(1)));
+        match self.images {
+            Images::Tiles { base, .. } if detail == Some("low") => base,
+            Images::Tiles { base, per_tile } => {
+                let (mut w, mut h) = (w, h);
+                let long = w.max(h);
+                if long > 2048.0 {
+                    (w, h) = (w * 2048.0 / long, h * 2048.0 / long);
+                }
+                let short = w.min(h);
+                if short > 768.0 {
+                    (w, h) = (w * 768.0 / short, h * 768.0 / short);
+                }
+                let tiles = (w / 512.0).ceil() * (h / 512.0).ceil();
+                base + per_tile * tiles as u64
+            }
+            Images::Patches { factor } => {
+                let mut patches = (w / 32.0).ceil() * (h / 32.0).ceil();
+                if patches > 1536.0 {
+                    let mut r = (32.0 * 32.0 * 1536.0 / (w * h)).sqrt();
+                    r *= ((w * r / 32.0).floor() / (w * r / 32.0))
+                        .min((h * r / 32.0).floor() / (h * r / 32.0));
+                    patches = ((w * r / 32.0).ceil() * (h * r / 32.0).ceil()).min(1536.0);
+                }
+                (patches * factor).ceil() as u64
+            }
+        }
+    }
+
+    /// The cookbook recipe for tool (or legacy function) schemas.
+    fn tools(&self, raw: &RawValue) -> Option<u64> {
+        let list: Vec<serde_json::Value> = serde_json::from_str(raw.get()).ok()?;
+        if list.is_empty() {
+            return Some(0);
+        }
+        let c = self.tools;
+        let mut total = c.func_end;
+        for tool in &list {
+            let function = tool.get("function").unwrap_or(tool);
+            let name = function.get("name").and_then(|v| v.as_str()).unwrap_or("");
+            let description = text_field(function, "description");
+            total += c.func_init + self.text(&format!("{name}:{}", trim_period(&description))) as i64;
+            let properties = function
+                .get("parameters")
+                .and_then(|p| p.get("properties"))
+                .and_then(|p| p.as_object());
+            let Some(properties) = properties.filter(|p| !p.is_empty()) else {
+                continue;
+            };
+            total += c.prop_init;
+            for (key, property) in properties {
+                total += c.prop_key;
+                if let Some(items) = property.get("enum").and_then(|e| e.as_array()) {
+                    total += c.enum_init;
+                    for item in items {
+                        total += c.enum_item + self.text(&plain(item)) as i64;
+                    }
+                }
+                let kind = text_field(property, "type");
+                let description = text_field(property, "description");
+                total += self.text(&format!("{key}:{kind}:{}", trim_period(&description))) as i64;
+            }
+        }
+        u64::try_from(total).ok()
+    }
+
+    /// The tokens of an embeddings `input`: a string, strings, or token arrays.
+    pub fn embeddings(&self, input: &RawValue) -> Option<u64> {
+        let value: serde_json::Value = serde_json::from_str(input.get()).ok()?;
+        Some(self.embedding_input(&value))
+    }
+
+    fn embedding_input(&self, value: &serde_json::Value) -> u64 {
+        match value {
+            serde_json::Value::String(s) => self.text(s),
+            serde_json::Value::Number(_) => 1,
+            serde_json::Value::Array(items) => items.iter().map(|i| self.embedding_input(i)).sum(),
+            _ => 0,
+        }
+    }
+}
+
+/// The raw fields of a chat body the estimate reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatFields<'a> {
+    pub messages: Option<&'a RawValue>,
+    pub tools: Option<&'a RawValue>,
+    pub functions: Option<&'a RawValue>,
+    /// Anthropic Messages' top-level system prompt.
+    pub system: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow, default)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_call_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
+    #[serde(borrow, default)]
+    function_call: Option<FunctionCall<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCall<'a> {
+    #[serde(borrow)]
+    function: FunctionCall<'a>,
+}
+
+#[derive(Deserialize)]
+struct FunctionCall<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    image_url: Option<ImageUrl<'a>>,
+    /// An Anthropic image block's `source`.
+    #[serde(borrow, default)]
+    source: Option<Source<'a>>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ImageUrl<'a> {
+    #[serde(borrow)]
+    url: Cow<'a, str>,
+    #[serde(borrow, default)]
+    detail: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Source<'a> {
+    #[serde(borrow, default)]
+    data: Option<Cow<'a, str>>,
+}
+
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(s) => Some(Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
+    }
+}
+
+/// A field as the cookbook's f-strings print it: strings bare, anything else as JSON.
+fn text_field(value: &serde_json::Value, key: &str) -> String {
+    value.get(key).map(plain).unwrap_or_default()
+}
+
+fn plain(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn trim_period(text: &str) -> &str {
+    text.strip_suffix('.').unwrap_or(text)
+}
+
+/// The (width, height) of a `data:image/...;base64,` URL, read from its header only.
+fn data_url_size(url: &str) -> Option<(u32, u32)> {
+    let rest = url.strip_prefix("data:")?;
+    let (_, data) = rest.split_once(";base64,")?;
+    base64_image_size(data)
+}
+
+fn base64_image_size(data: &str) -> Option<(u32, u32)> {
+    let mut end = data.len().min(IMAGE_HEADER_BASE64);
+    end -= end % 4;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.get(..end)?)
+        .ok()?;
+    let size = imagesize::blob_size(&bytes).ok()?;
+    Some((
+        u32::try_from(size.width).ok()?,
+        u32::try_from(size.height).ok()?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_pick_the_encoding_of_their_family() {
+        assert_eq!(Estimator::for_model("gpt-4o-2024-11-20").encoding, Encoding::O200k);
+        assert_eq!(Estimator::for_model("gpt-35-turbo").encoding, Encoding::Cl100k);
+        assert_eq!(Estimator::for_model("gpt-4-turbo").encoding, Encoding::Cl100k);
+        assert_eq!(Estimator::for_model("GPT-4.1-mini").encoding, Encoding::O200k);
+        assert_eq!(Estimator::for_model("claude-sonnet-4-5").encoding, Encoding::Approximate);
+        assert_eq!(Estimator::for_model("prod-chat").encoding, Encoding::O200k);
+    }
+
+    #[test]
+    fn images_follow_the_tile_and_patch_rules() {
+        let gpt4o = Estimator::for_model("gpt-4o");
+        assert_eq!(gpt4o.image((1024, 1024), Some("high")), 765);
+        assert_eq!(gpt4o.image((2048, 4096), None), 1105);
+        assert_eq!(gpt4o.image((4000, 3000), Some("low")), 85);
+        let mini = Estimator::for_model("gpt-4.1-mini");
+        // 1024 x 1024 is 32 x 32 = 1024 patches, times 1.62.
+        assert_eq!(mini.image((1024, 1024), None), 1659);
+        assert!(mini.image((4096, 4096), None) <= (1536.0f64 * 1.62).ceil() as u64);
+    }
+
+    #[test]
+    fn a_tiny_png_header_gives_its_size() {
+        // An 8-byte signature and an IHDR chunk declaring 640 x 480.
+        let mut png = vec![0x89, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13];
+        png.extend_from_slice(b"IHDR");
+        png.extend_from_slice(&640u32.to_be_bytes());
+        png.extend_from_slice(&480u32.to_be_bytes());
+        png.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        let url = format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(&png)
+        );
+        assert_eq!(data_url_size(&url), Some((640, 480)));
+        assert_eq!(data_url_size("https://example.com/cat.png"), None);
+    }
+
+    /// The committed corpus (`tests/data/tokens/corpus.json`), whose expected counts come from
+    /// OpenAI's own `tiktoken` (see `tests/data/tokens/generate.py`).
+    #[test]
+    fn estimates_match_the_reference_tokenizer_on_the_corpus() {
+        #[derive(Deserialize)]
+        struct Case {
+            name: String,
+            model: String,
+            body: serde_json::Value,
+            prompt_tokens: u64,
+        }
+        let corpus: Vec<Case> =
+            serde_json::from_str(include_str!("../tests/data/tokens/corpus.json")).unwrap();
+        assert!(corpus.len() >= 20, "the corpus has {} cases", corpus.len());
+        let mut wrong = Vec::new();
+        for case in &corpus {
+            let raw = |key: &str| {
+                case.body
+                    .get(key)
+                    .map(|v| RawValue::from_string(v.to_string()).unwrap())
+            };
+            let (messages, tools, functions) = (raw("messages"), raw("tools"), raw("functions"));
+            let fields = ChatFields {
+                messages: messages.as_deref(),
+                tools: tools.as_deref(),
+                functions: functions.as_deref(),
+                system: None,
+            };
+            let estimate = Estimator::for_model(&case.model).chat(fields);
+            if estimate != Some(case.prompt_tokens) {
+                wrong.push(format!("{} ({}): {estimate:?} != {}", case.name, case.model, case.prompt_tokens));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+}

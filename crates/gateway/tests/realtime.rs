@@ -1,0 +1,466 @@
+//! Realtime over WebSocket through the gateway, with a real WebSocket client and the simulated
+//! realtime upstreams: frames both ways (text, binary, 1 MiB), pings, close codes each way, the
+//! credential swap, failover while the upstream handshake has not succeeded, `max_sessions`,
+//! the idle and maximum durations, shutdown, and the usage record from `response.done`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::client::Response;
+use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::{Error, Message};
+use tokio_tungstenite::WebSocketStream;
+
+type Socket = WebSocketStream<TcpStream>;
+
+const UPSTREAM_KEY: &str = "upstream-secret";
+const AZURE_BETA: &str = "/openai/realtime?api-version=2024-10-01-preview&deployment=voice";
+
+fn realtime(name: &str) -> EndpointSpec {
+    EndpointSpec::azure(name, "swedencentral")
+        .api_key(UPSTREAM_KEY)
+        .deployment(DeploymentSpec::new("gpt-rt").model("gpt-4o-realtime-preview"))
+}
+
+/// An alias `voice` over `names` (Azure backends with the upstream key), in priority order.
+fn config(names: &[&str], extra: &str) -> String {
+    let mut yaml = String::from("backends:\n");
+    for name in names {
+        yaml.push_str(&format!(
+            "  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\", api_key: {UPSTREAM_KEY} }}\n"
+        ));
+    }
+    yaml.push_str("models:\n  - name: voice\n    targets:\n");
+    for (i, name) in names.iter().enumerate() {
+        yaml.push_str(&format!(
+            "      - {{ backend: {name}, deployment: gpt-rt, priority: {} }}\n",
+            i + 1
+        ));
+    }
+    yaml.push_str(extra);
+    yaml
+}
+
+async fn connect_with(
+    h: &Harness,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<(Socket, Response), Error> {
+    let mut request = format!("ws://{}{}", h.gateway.addr(), path)
+        .into_client_request()
+        .unwrap();
+    for (name, value) in headers {
+        request.headers_mut().insert(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    let stream = TcpStream::connect(h.gateway.addr()).await.unwrap();
+    tokio_tungstenite::client_async(request, stream).await
+}
+
+/// Connects an Azure-style client with the team's key and the `realtime` subprotocol.
+async fn connect(h: &Harness) -> (Socket, Response) {
+    connect_with(
+        h,
+        AZURE_BETA,
+        &[("api-key", KEY), ("sec-websocket-protocol", "realtime")],
+    )
+    .await
+    .expect("the gateway upgrades")
+}
+
+/// The refused handshake's HTTP answer.
+async fn refused(h: &Harness, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    match connect_with(h, path, headers).await {
+        Err(Error::Http(response)) => {
+            let body = response.body().clone().unwrap_or_default();
+            let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            (response.status().as_u16(), json)
+        }
+        Ok(_) => panic!("the handshake was accepted"),
+        Err(other) => panic!("no HTTP answer: {other}"),
+    }
+}
+
+async fn next(socket: &mut Socket) -> Message {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("a frame within 10 s")
+            .expect("the socket is open")
+            .expect("a valid frame");
+        if !matches!(message, Message::Ping(_) | Message::Pong(_)) {
+            return message;
+        }
+    }
+}
+
+async fn event(socket: &mut Socket) -> Value {
+    match next(socket).await {
+        Message::Text(text) => serde_json::from_str(text.as_str()).unwrap(),
+        other => panic!("expected a text event, got {other:?}"),
+    }
+}
+
+async fn send(socket: &mut Socket, event: Value) {
+    socket.send(Message::text(event.to_string())).await.unwrap();
+}
+
+/// The close frame the gateway sends, after any frames still on the way.
+async fn closed(socket: &mut Socket) -> CloseFrame {
+    loop {
+        match next(socket).await {
+            Message::Close(Some(frame)) => return frame,
+            Message::Close(None) => panic!("a close without a status code"),
+            _ => {}
+        }
+    }
+}
+
+fn normal() -> CloseFrame {
+    CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }
+}
+
+/// One `response.create`, answered up to its `response.done`; returns the text and the usage.
+async fn respond(socket: &mut Socket) -> (String, Value) {
+    send(socket, json!({"type": "response.create"})).await;
+    let mut text = String::new();
+    loop {
+        let event = event(socket).await;
+        match event["type"].as_str().unwrap() {
+            "response.text.delta" | "response.output_text.delta" => {
+                text.push_str(event["delta"].as_str().unwrap())
+            }
+            "response.done" => return (text, event["response"]["usage"].clone()),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn text_and_binary_frames_flow_both_ways_with_the_backends_own_credential() {
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+    let (mut socket, head) = connect(&h).await;
+    assert_eq!(head.headers()["sec-websocket-protocol"], "realtime");
+    assert_eq!(head.headers()["x-onedoor-backend"], "rt-se");
+    assert_eq!(head.headers()["x-onedoor-attempts"], "rt-se=200");
+    assert_eq!(head.headers()["x-onedoor-request-id"].len(), 32);
+    let created = event(&mut socket).await;
+    assert_eq!(created["type"], "session.created");
+    assert_eq!(created["session"]["model"], "gpt-4o-realtime-preview");
+    send(
+        &mut socket,
+        json!({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Hello there"}]}}),
+    )
+    .await;
+    assert_eq!(event(&mut socket).await["type"], "conversation.item.created");
+    let (text, usage) = respond(&mut socket).await;
+    assert_eq!(text, "Hello from rt-se/gpt-rt this is a simulated reply");
+    assert_eq!(usage["output_tokens"], 8);
+    let audio: Vec<u8> = (0..=255).cycle().take(50_000).collect();
+    socket.send(Message::binary(audio.clone())).await.unwrap();
+    assert_eq!(next(&mut socket).await, Message::binary(audio));
+    let seen = h.endpoint("rt-se").last_realtime_handshake().unwrap();
+    assert_eq!(seen.path, "/openai/realtime");
+    assert_eq!(
+        seen.query,
+        "api-version=2024-10-01-preview&deployment=gpt-rt"
+    );
+    assert_eq!(seen.credential_in, "api-key");
+    assert_eq!(seen.subprotocols, ["realtime"]);
+    assert_eq!(seen.openai_beta.as_deref(), Some("realtime=v1"));
+}
+
+#[tokio::test]
+async fn one_mebibyte_frames_and_pings_pass() {
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    let big = "a".repeat(1 << 20);
+    let echo = json!({"type": "mock.echo", "audio": big}).to_string();
+    socket.send(Message::text(echo.clone())).await.unwrap();
+    assert_eq!(next(&mut socket).await, Message::text(echo));
+    let blob = vec![0x5au8; 1 << 20];
+    socket.send(Message::binary(blob.clone())).await.unwrap();
+    assert_eq!(next(&mut socket).await, Message::binary(blob));
+    socket.send(Message::Ping("still there?".into())).await.unwrap();
+    let pong = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Message::Pong(data) = socket.next().await.unwrap().unwrap() {
+                return data;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(pong, "still there?");
+}
+
+#[tokio::test]
+async fn a_client_close_reaches_the_upstream_with_its_code_and_reason() {
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    assert_eq!(h.endpoint("rt-se").realtime_open(), 1);
+    let bye = CloseFrame {
+        code: CloseCode::from(4001),
+        reason: "user hung up".into(),
+    };
+    socket.close(Some(bye)).await.unwrap();
+    assert_eq!(u16::from(closed(&mut socket).await.code), 4001);
+    assert!(eventually(|| h.endpoint("rt-se").realtime_open() == 0).await);
+    assert_eq!(
+        h.endpoint("rt-se").last_realtime_close(),
+        Some(Some((4001, "user hung up".to_owned())))
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_close_reaches_the_client_and_codes_that_may_not_be_sent_become_1011() {
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    send(&mut socket, json!({"type": "mock.close", "code": 4002, "reason": "call ended"})).await;
+    let frame = closed(&mut socket).await;
+    assert_eq!((u16::from(frame.code), frame.reason.as_str()), (4002, "call ended"));
+
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    send(&mut socket, json!({"type": "mock.close", "code": 1006, "reason": "abnormal"})).await;
+    assert_eq!(u16::from(closed(&mut socket).await.code), 1011);
+
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    send(&mut socket, json!({"type": "mock.drop"})).await;
+    let frame = closed(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1011);
+    assert!(frame.reason.as_str().contains("upstream"), "{frame:?}");
+}
+
+#[tokio::test]
+async fn a_handshake_refused_by_the_first_backend_succeeds_on_the_second() {
+    let down = realtime("rt-a").behavior(Behavior {
+        status: Some(503),
+        ..Behavior::default()
+    });
+    let h = Harness::start(vec![down, realtime("rt-b")], &config(&["rt-a", "rt-b"], "")).await;
+    let (mut socket, head) = connect(&h).await;
+    assert_eq!(head.headers()["x-onedoor-backend"], "rt-b");
+    assert_eq!(head.headers()["x-onedoor-attempts"], "rt-a=503,rt-a=503,rt-b=200");
+    event(&mut socket).await;
+    let (text, _) = respond(&mut socket).await;
+    assert!(text.contains("rt-b/gpt-rt"), "{text}");
+    assert_eq!(h.endpoint("rt-a").realtime_sessions(), 0);
+    assert_eq!(h.endpoint("rt-b").realtime_sessions(), 1);
+}
+
+#[tokio::test]
+async fn refusals_are_http_answers_before_any_upgrade() {
+    let throttled = realtime("rt-a").behavior(Behavior {
+        status: Some(429),
+        retry_after_s: Some(7),
+        ..Behavior::default()
+    });
+    let h = Harness::start(vec![throttled], &config(&["rt-a"], "")).await;
+    let (status, body) = refused(&h, AZURE_BETA, &[]).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("invalid_api_key")));
+    let (status, body) = refused(&h, "/v1/realtime?model=nope", &[("authorization", &format!("Bearer {KEY}"))]).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")));
+    let (status, body) = refused(&h, AZURE_BETA, &[("api-key", KEY)]).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_rate_limited");
+    let plain = h
+        .send(http::Method::GET, h.url(AZURE_BETA), &[("api-key", KEY)], bytes::Bytes::new())
+        .await;
+    assert_eq!(plain.status, 400, "{}", plain.body);
+    assert!(plain.body.contains("WebSocket"), "{}", plain.body);
+}
+
+#[tokio::test]
+async fn openai_clients_and_backends_speak_bearer_and_the_ga_protocol() {
+    let spec = EndpointSpec::openai("oai", "eastus")
+        .api_key(UPSTREAM_KEY)
+        .deployment(DeploymentSpec::new("gpt-realtime"));
+    let yaml = format!(
+        "backends:\n  - {{ name: oai, provider: openai, region: eastus, url: \"{{url:oai}}\", api_key: {UPSTREAM_KEY} }}\nmodels:\n  - name: voice\n    targets: [{{ backend: oai, deployment: gpt-realtime }}]\n"
+    );
+    let h = Harness::start(vec![spec], &yaml).await;
+    let bearer = format!("Bearer {KEY}");
+    let (mut socket, head) = connect_with(&h, "/v1/realtime?model=voice", &[("authorization", &bearer)])
+        .await
+        .unwrap();
+    assert!(!head.headers().contains_key("sec-websocket-protocol"));
+    assert_eq!(event(&mut socket).await["session"]["type"], "realtime");
+    let (text, _) = respond(&mut socket).await;
+    assert!(text.starts_with("Hello from oai/gpt-realtime"));
+    let seen = h.endpoint("oai").last_realtime_handshake().unwrap();
+    assert_eq!(seen.path, "/v1/realtime");
+    assert_eq!(seen.query, "model=gpt-realtime");
+    assert_eq!(seen.credential_in, "bearer");
+    assert_eq!(seen.openai_beta, None);
+}
+
+#[tokio::test]
+async fn a_browser_key_in_the_subprotocol_is_accepted_and_never_forwarded() {
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+    let offered = format!("realtime, openai-insecure-api-key.{KEY}, openai-beta.realtime-v1");
+    let (mut socket, head) = connect_with(
+        &h,
+        "/openai/v1/realtime?model=voice",
+        &[("sec-websocket-protocol", &offered)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(head.headers()["sec-websocket-protocol"], "realtime");
+    event(&mut socket).await;
+    let seen = h.endpoint("rt-se").last_realtime_handshake().unwrap();
+    assert_eq!(seen.subprotocols, ["realtime"]);
+    assert_eq!(seen.credential_in, "api-key");
+    // `openai-beta.realtime-v1` asked for the beta protocol: Azure's beta path.
+    assert_eq!(seen.path, "/openai/realtime");
+}
+
+#[tokio::test]
+async fn a_tenant_opens_at_most_max_sessions_at_once() {
+    let tenants = format!(
+        "tenants:\n  - name: team\n    limits: {{ max_sessions: 2 }}\n    keys: [{{ id: team-key, sha256: {} }}]\n",
+        key_hash(KEY)
+    );
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], &tenants)).await;
+    let (mut first, _) = connect(&h).await;
+    let (_second, _) = connect(&h).await;
+    let (status, body) = refused(
+        &h,
+        AZURE_BETA,
+        &[("api-key", KEY), ("sec-websocket-protocol", "realtime")],
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert!(body["error"]["message"].as_str().unwrap().contains("max_sessions"));
+    assert_eq!(h.endpoint("rt-se").realtime_sessions(), 2);
+    first.close(Some(normal())).await.unwrap();
+    closed(&mut first).await;
+    let mut reopened = None;
+    for _ in 0..100 {
+        if let Ok(session) = connect_with(&h, AZURE_BETA, &[("api-key", KEY)]).await {
+            reopened = Some(session);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(reopened.is_some(), "a closed session gives its place back");
+}
+
+#[tokio::test]
+async fn quiet_sessions_idle_out_and_every_session_ends_at_max_session() {
+    let limits = "realtime: { idle: 300ms, max_session: 1s }\n";
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], limits)).await;
+    let (mut quiet, _) = connect(&h).await;
+    event(&mut quiet).await;
+    let frame = closed(&mut quiet).await;
+    assert_eq!(u16::from(frame.code), 1000);
+    assert!(frame.reason.as_str().contains("realtime.idle"), "{frame:?}");
+
+    let (mut busy, _) = connect(&h).await;
+    event(&mut busy).await;
+    let started = std::time::Instant::now();
+    let frame = loop {
+        send(&mut busy, json!({"type": "mock.echo"})).await;
+        match next(&mut busy).await {
+            Message::Close(Some(frame)) => break frame,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert_eq!(u16::from(frame.code), 1008);
+    assert!(frame.reason.as_str().contains("realtime.max_session"));
+    assert!(started.elapsed() >= Duration::from_millis(800));
+}
+
+#[tokio::test]
+async fn shutdown_closes_open_sessions_with_going_away() {
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    let Harness { gateway, fleet, .. } = h;
+    let stopping = tokio::spawn(gateway.shutdown());
+    let frame = closed(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1001);
+    assert!(frame.reason.as_str().contains("shutting down"), "{frame:?}");
+    tokio::time::timeout(Duration::from_secs(15), stopping)
+        .await
+        .expect("shutdown ends once sessions closed")
+        .unwrap();
+    assert!(eventually(|| fleet.endpoint("rt-se").unwrap().realtime_open() == 0).await);
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("onedoor-rt-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_recorded_once_with_the_tokens_of_its_response_done_events() {
+    let dir = temp_dir("usage");
+    let db = dir.join("usage.db");
+    let extra = format!(
+        "usage: {{ store: \"sqlite://{}\", journal_dir: \"{}\" }}\n",
+        db.display(),
+        dir.display()
+    );
+    let mut yaml = config(&["rt-se"], "");
+    yaml = yaml.replace(
+        "      - { backend: rt-se, deployment: gpt-rt, priority: 1 }\n",
+        "      - { backend: rt-se, deployment: gpt-rt, priority: 1 }\n    price: { input_per_1m: 5, output_per_1m: 20 }\n",
+    );
+    yaml.push_str(&extra);
+    let h = Harness::start(vec![realtime("rt-se")], &yaml).await;
+    let (mut socket, head) = connect(&h).await;
+    let request_id = head.headers()["x-onedoor-request-id"].to_str().unwrap().to_owned();
+    event(&mut socket).await;
+    let (mut input, mut output) = (0, 0);
+    for _ in 0..3 {
+        let (_, usage) = respond(&mut socket).await;
+        input += usage["input_tokens"].as_u64().unwrap();
+        output += usage["output_tokens"].as_u64().unwrap();
+    }
+    socket.close(Some(normal())).await.unwrap();
+    closed(&mut socket).await;
+    assert!(eventually(|| h.endpoint("rt-se").realtime_open() == 0).await);
+    let Harness { gateway, fleet, .. } = h;
+    gateway.shutdown().await;
+    fleet.shutdown().await;
+    let db = rusqlite::Connection::open(&db).unwrap();
+    let row: (String, String, i64, i64, i64, String, f64, i64) = db
+        .query_row(
+            "SELECT request_id, backend, status, input_tokens, output_tokens, source, cost_usd, stream FROM usage_records",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?)),
+        )
+        .unwrap();
+    assert_eq!(row.0, request_id);
+    assert_eq!((row.1.as_str(), row.2), ("rt-se", 101));
+    assert_eq!((row.3 as u64, row.4 as u64), (input, output));
+    assert_eq!(row.5, "measured");
+    let price = (input as f64 * 5.0 + output as f64 * 20.0) / 1e6;
+    assert!((row.6 - price).abs() < 1e-12, "{} vs {price}", row.6);
+    assert_eq!(row.7, 1);
+}

@@ -1,0 +1,159 @@
+//! Two gateway instances, each with its own runtime, sharing one real Redis (127.0.0.1:6379, a
+//! key prefix of their own per run): a tenant's limits hold exactly across both, a 404 learned by
+//! one is skipped by the other without asking, and a breaker tripped on one is open on the other.
+//! The memory-state twin of the first test shows why Redis is there: each instance counts alone.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+mod instances;
+
+use std::sync::Arc;
+
+use common::*;
+use instances::*;
+
+fn backend(name: &str) -> String {
+    format!("  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\" }}\n")
+}
+
+/// One backend `a` serving `chat`, and the team limited by `limits`, with `state`.
+fn limited(limits: &str, state: &str) -> String {
+    format!(
+        "{state}backends:\n{}models:\n  - {{ name: chat, targets: [{{ backend: a, deployment: gpt-4o }}] }}\ntenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n    limits: {limits}\n",
+        backend("a"),
+        key_hash(KEY)
+    )
+}
+
+async fn two_instances(config: &str) -> (Arc<Harness>, Vec<Arc<onedoor_gateway::Running>>) {
+    let h = Harness::start(
+        vec![EndpointSpec::azure("a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))],
+        config,
+    )
+    .await;
+    let second = another(&h, config).await;
+    let h = Arc::new(h);
+    let first = Arc::new(another(&h, config).await);
+    (h, vec![first, Arc::new(second)])
+}
+
+#[tokio::test]
+async fn rpm_100_across_two_instances_sharing_redis_admits_exactly_100_of_300() {
+    let config = limited("{ rpm: 100 }", &shared_state("rpm"));
+    let (h, gateways) = two_instances(&config).await;
+    let answers = spread(&h, &gateways, chat_body("chat", false), 300, 16).await;
+    assert_eq!(tally(&answers), (100, 200, 0));
+    let refused = answers.iter().find(|a| a.status == 429).unwrap();
+    assert_eq!(refused.code(), "rate_limited");
+    assert_eq!(refused.header("x-onedoor-error"), "rate_limited");
+    assert!(!refused.header("retry-after").is_empty());
+    assert_eq!(refused.header("x-ratelimit-limit-requests"), "100");
+    assert_eq!(refused.header("x-ratelimit-remaining-requests"), "0");
+    assert_eq!(h.endpoint("a").requests("gpt-4o"), 100);
+}
+
+#[tokio::test]
+async fn rpm_100_across_two_instances_with_memory_state_admits_200_of_300() {
+    // Why Redis exists: each instance holds the limit on its own, so two of them admit twice.
+    let (h, gateways) = two_instances(&limited("{ rpm: 100 }", "")).await;
+    let answers = spread(&h, &gateways, chat_body("chat", false), 300, 16).await;
+    assert_eq!(tally(&answers), (200, 100, 0));
+}
+
+/// A prompt whose o200k count (12 with the chat overhead, as tiktoken counts it) is also what the
+/// simulated upstream reports, and a `max_tokens` it uses whole: reserved and measured are both
+/// 20 tokens, so the count of admitted requests does not depend on when each one settles.
+fn twenty_tokens() -> serde_json::Value {
+    serde_json::json!({
+        "model": "chat",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "Hello there, internationalization"}]
+    })
+}
+
+#[tokio::test]
+async fn tpm_1000_across_two_instances_sharing_redis_admits_exactly_50_requests_of_20_tokens() {
+    let config = limited("{ tpm: 1000 }", &shared_state("tpm"));
+    let (h, gateways) = two_instances(&config).await;
+    let first = chat_on(&h, &gateways[0], &twenty_tokens()).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(first.json()["usage"]["total_tokens"], 20);
+    assert_eq!(first.header("x-ratelimit-limit-tokens"), "1000");
+    assert_eq!(first.header("x-ratelimit-remaining-tokens"), "980");
+    let answers = spread(&h, &gateways, twenty_tokens(), 149, 16).await;
+    assert_eq!(tally(&answers), (49, 100, 0));
+    let refused = answers.iter().find(|a| a.status == 429).unwrap();
+    assert_eq!(refused.code(), "rate_limited");
+    assert!(
+        refused.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("prompt estimate 12 + completion budget 8"),
+        "{}",
+        refused.body
+    );
+}
+
+#[tokio::test]
+async fn a_deployment_one_instance_learned_is_missing_is_skipped_by_the_other_without_asking() {
+    let config = format!(
+        "{}backends:\n{}{}models:\n  - name: chat\n    targets:\n      - {{ backend: lacks, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: has, deployment: gpt-4o, priority: 2 }}\n",
+        shared_state("not-served"),
+        backend("lacks"),
+        backend("has"),
+    );
+    let h = Harness::start(
+        vec![
+            EndpointSpec::azure("lacks", "swedencentral").deployment(DeploymentSpec::new("other")),
+            EndpointSpec::azure("has", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
+        ],
+        &config,
+    )
+    .await;
+    let b = another(&h, &config).await;
+    let first = h.chat("chat").await;
+    assert_eq!(first.attempts(), "lacks=404,has=200");
+    let on_b = chat_on(&h, &b, &chat_body("chat", false)).await;
+    assert_eq!(on_b.status, 200);
+    assert_eq!(on_b.attempts(), "has=200");
+    assert_eq!(h.endpoint("lacks").requests("gpt-4o"), 1, "B asked the backend A learned from");
+    let admin = admin_get_on(&h, &b, "/admin/backends").await;
+    assert!(admin.body.contains("\"not_served\":[{\"deployment\":\"gpt-4o\""), "{}", admin.body);
+}
+
+#[tokio::test]
+async fn a_breaker_tripped_on_one_instance_is_open_on_the_other() {
+    let config = format!(
+        "{}circuit_breakers:\n  trip-once:\n    rules: [{{ name: server-errors, failures: {{ count: 1, within: 60s, status: [500-599] }}, trip: 30s }}]\nbackends:\n  - {{ name: bad, provider: azure, region: swedencentral, url: \"{{url:bad}}\", circuit_breaker: trip-once }}\n{}models:\n  - name: chat\n    targets:\n      - {{ backend: bad, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: good, deployment: gpt-4o, priority: 2 }}\n",
+        shared_state("breaker"),
+        backend("good"),
+    );
+    let h = Harness::start(
+        vec![
+            EndpointSpec::azure("bad", "swedencentral")
+                .deployment(DeploymentSpec::new("gpt-4o"))
+                .behavior(Behavior {
+                    status: Some(500),
+                    ..Behavior::default()
+                }),
+            EndpointSpec::azure("good", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
+        ],
+        &config,
+    )
+    .await;
+    let b = another(&h, &config).await;
+    let first = h.chat("chat").await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.attempts(), "bad=500,good=200");
+    for _ in 0..5 {
+        let on_b = chat_on(&h, &b, &chat_body("chat", false)).await;
+        assert_eq!(on_b.attempts(), "good=200");
+    }
+    assert_eq!(h.endpoint("bad").total_requests(), 1);
+    let admin = admin_get_on(&h, &b, "/admin/backends").await;
+    let bad = &admin.json()["backends"][0];
+    assert_eq!(bad["name"], "bad");
+    assert_eq!(bad["breaker"]["state"], "open", "{}", admin.body);
+    assert_eq!(bad["breaker"]["trips"], 1);
+}

@@ -1,0 +1,87 @@
+-- Checks every meter against its limits and charges all of them only when all have room.
+-- KEYS: per meter its window hash, in-flight set and period hash (all under one hash tag).
+-- ARGV: meter count N, tokens, millionths of a dollar, lease ms, in-flight member, enforce (0/1),
+-- then per meter rpm, tpm, max_in_flight, tokens_per_day, micro_usd_per_month (-1: no limit).
+-- Returns {1, second, day, month, per meter: requests, tokens, in flight, day tokens, month
+-- spend after the charge} or {0, meter, limit code, retry ms, used, cap, asked, per meter usage}.
+local n = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local usd = tonumber(ARGV[3])
+local lease = tonumber(ARGV[4])
+local member = ARGV[5]
+local enforce = ARGV[6] == '1'
+
+local meters = {}
+for i = 1, n do
+  local m = read_meter(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], true)
+  local b = 6 + 5 * (i - 1)
+  m.rpm, m.tpm, m.cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  m.dcap, m.mcap = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+  meters[i] = m
+end
+
+-- When the window has room for `asked` more under `cap`: the oldest buckets that must go, gone.
+local function frees(list, used, cap, asked)
+  table.sort(list, function(a, b) return a[1] < b[1] end)
+  for _, e in ipairs(list) do
+    used = used - e[2]
+    if used + asked <= cap then return math.max((e[1] + 60) * 1000 - now, 1) end
+  end
+  return 60000
+end
+
+local function usage(out)
+  for i = 1, n do
+    local m = meters[i]
+    out[#out + 1] = m.r
+    out[#out + 1] = m.t
+    out[#out + 1] = m.fly
+    out[#out + 1] = m.d
+    out[#out + 1] = m.m
+  end
+  return out
+end
+
+if enforce then
+  local period, rate = nil, nil
+  for i = 1, n do
+    local m = meters[i]
+    local checks = {}
+    if m.dcap >= 0 and m.d + tokens > m.dcap then checks[#checks + 1] = { 4, (day + 1) * 86400000 - now, m.d, m.dcap, tokens } end
+    if m.mcap >= 0 and m.m + usd > m.mcap then checks[#checks + 1] = { 5, month_ends_in(), m.m, m.mcap, usd } end
+    if m.rpm >= 0 and m.r + 1 > m.rpm then checks[#checks + 1] = { 1, frees(m.rs, m.r, m.rpm, 1), m.r, m.rpm, 1 } end
+    if m.tpm >= 0 and m.t + tokens > m.tpm then checks[#checks + 1] = { 2, frees(m.ts, m.t, m.tpm, tokens), m.t, m.tpm, tokens } end
+    if m.cap >= 0 and m.fly + 1 > m.cap then checks[#checks + 1] = { 3, 1000, m.fly, m.cap, 1 } end
+    for _, c in ipairs(checks) do
+      if c[1] >= 4 then
+        if period == nil then period = { i, c } end
+      elseif rate == nil or c[2] > rate[2][2] then
+        rate = { i, c }
+      end
+    end
+  end
+  local refused = period or rate
+  if refused then
+    local c = refused[2]
+    return usage({ 0, refused[1] - 1, c[1], c[2], c[3], c[4], c[5] })
+  end
+end
+
+for i = 1, n do
+  local w, f, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local m = meters[i]
+  redis.call('HINCRBY', w, 'r' .. second, 1)
+  redis.call('HINCRBY', w, 't' .. second, tokens)
+  redis.call('PEXPIRE', w, 61000)
+  redis.call('ZADD', f, now + lease, member)
+  redis.call('PEXPIRE', f, lease + 1000)
+  local df, mf = 'd' .. day, 'm' .. month
+  redis.call('HINCRBY', p, df, tokens)
+  redis.call('HINCRBY', p, mf, usd)
+  for _, k in ipairs(redis.call('HKEYS', p)) do
+    if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
+  end
+  redis.call('PEXPIRE', p, 35 * 86400000)
+  m.r, m.t, m.fly, m.d, m.m = m.r + 1, m.t + tokens, m.fly + 1, m.d + tokens, m.m + usd
+end
+return usage({ 1, second, day, month })

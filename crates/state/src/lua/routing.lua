@@ -1,0 +1,60 @@
+-- Everything one routing decision reads, in one round trip.
+-- KEYS: not-served, cooldown and served hashes; then per backend: breaker record, meter window,
+-- meter in-flight set.
+-- ARGV: target count N, N target fields, then per backend two flags ("10": breaker, not metered).
+-- Returns per target: not-served ms left (-1 none), cooldown ms left (-1 none), served (0/1);
+-- per backend: breaker phase (0 closed, 1 open, 2 half-open, 3 half-open probing), open ms left,
+-- requests and tokens in the rolling minute, in flight (the last three -1 when not metered).
+local n = tonumber(ARGV[1])
+local out = {}
+if n > 0 then
+  local fields = {}
+  for i = 1, n do fields[i] = ARGV[1 + i] end
+  local ns = redis.call('HMGET', KEYS[1], unpack(fields))
+  local cd = redis.call('HMGET', KEYS[2], unpack(fields))
+  local sv = redis.call('HMGET', KEYS[3], unpack(fields))
+  for i = 1, n do
+    local a = ns[i] and tonumber(ns[i]) or 0
+    local b = cd[i] and tonumber(cd[i]) or 0
+    local c = sv[i] and tonumber(sv[i]) or 0
+    out[#out + 1] = a > now and a - now or -1
+    out[#out + 1] = b > now and b - now or -1
+    out[#out + 1] = c > now and 1 or 0
+  end
+end
+local oldest = math.floor(now / 1000) - 59
+local backends = (#KEYS - 3) / 3
+for j = 1, backends do
+  local flags = ARGV[1 + n + j]
+  local phase, left = 0, 0
+  if string.sub(flags, 1, 1) == '1' then
+    local v = redis.call('HMGET', KEYS[3 * j + 1], 'o', 'p')
+    local o = v[1] and tonumber(v[1]) or 0
+    local p = v[2] and tonumber(v[2]) or 0
+    if o == 0 then phase = 0
+    elseif now < o then phase, left = 1, o - now
+    elseif p > now then phase = 3
+    else phase = 2 end
+  end
+  out[#out + 1] = phase
+  out[#out + 1] = left
+  if string.sub(flags, 2, 2) == '1' then
+    local r, tk = 0, 0
+    local all = redis.call('HGETALL', KEYS[3 * j + 2])
+    for i = 1, #all, 2 do
+      local s = tonumber(string.sub(all[i], 2))
+      if s and s >= oldest then
+        if string.sub(all[i], 1, 1) == 'r' then r = r + tonumber(all[i + 1])
+        else tk = tk + tonumber(all[i + 1]) end
+      end
+    end
+    out[#out + 1] = r
+    out[#out + 1] = tk
+    out[#out + 1] = redis.call('ZCOUNT', KEYS[3 * j + 3], '(' .. now, '+inf')
+  else
+    out[#out + 1] = -1
+    out[#out + 1] = -1
+    out[#out + 1] = -1
+  end
+end
+return out

@@ -1,0 +1,359 @@
+//! Meters: what a tenant, a key or a backend has used. A rolling minute of requests and tokens
+//! (sixty one-second buckets: a charge leaves the window between 59 and 60 seconds after it was
+//! made), the requests in flight, the tokens of the current UTC day and the spend (in millionths
+//! of a dollar) of the current UTC month. The Redis scripts implement the same arithmetic; the
+//! memory store uses this module's.
+
+/// Seconds in the rolling window.
+pub const WINDOW_SECONDS: u64 = 60;
+const DAY_MS: u64 = 86_400_000;
+
+/// Which meter: its hash tag (meters checked together share one, so one script may touch them
+/// all on Redis Cluster) and its path under it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MeterKey {
+    pub tag: String,
+    pub path: String,
+}
+
+impl MeterKey {
+    pub fn tenant(tenant: &str) -> Self {
+        MeterKey {
+            tag: format!("t:{tenant}"),
+            path: "tenant".to_owned(),
+        }
+    }
+
+    /// A key of `tenant`: shares the tenant's tag, so both are checked and charged atomically.
+    pub fn key(tenant: &str, key: &str) -> Self {
+        MeterKey {
+            tag: format!("t:{tenant}"),
+            path: format!("key:{key}"),
+        }
+    }
+
+    /// A backend's quota meter, under the routing tag that the routing view reads.
+    pub fn backend(backend: &str) -> Self {
+        MeterKey {
+            tag: "routing".to_owned(),
+            path: format!("backend:{backend}"),
+        }
+    }
+}
+
+/// The limits one meter enforces; `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeterLimits {
+    pub rpm: Option<u64>,
+    pub tpm: Option<u64>,
+    pub max_in_flight: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub micro_usd_per_month: Option<u64>,
+}
+
+/// What one request reserves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charge {
+    pub tokens: u64,
+    pub micro_usd: u64,
+    /// How long it may count as in flight if it is never settled (its instance died).
+    pub lease_ms: u64,
+}
+
+/// One admission: every meter with its limits, and the charge.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub meters: Vec<(MeterKey, MeterLimits)>,
+    pub charge: Charge,
+    /// `false`: count the charge whatever the limits say (a backend's own quota is a routing
+    /// preference, not a refusal).
+    pub enforce: bool,
+}
+
+/// What a meter has used, in its current windows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeterUsage {
+    /// Requests in the rolling minute.
+    pub requests: u64,
+    /// Tokens in the rolling minute.
+    pub tokens: u64,
+    pub in_flight: u64,
+    pub day_tokens: u64,
+    pub month_micro_usd: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Rpm,
+    Tpm,
+    MaxInFlight,
+    TokensPerDay,
+    UsdPerMonth,
+}
+
+impl Limit {
+    /// Period quotas end with their period; rate limits free up within a minute.
+    pub fn is_period(self) -> bool {
+        matches!(self, Limit::TokensPerDay | Limit::UsdPerMonth)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Rpm => "rpm",
+            Limit::Tpm => "tpm",
+            Limit::MaxInFlight => "max_in_flight",
+            Limit::TokensPerDay => "tokens_per_day",
+            Limit::UsdPerMonth => "usd_per_month",
+        }
+    }
+
+    fn code(self) -> u64 {
+        match self {
+            Limit::Rpm => 1,
+            Limit::Tpm => 2,
+            Limit::MaxInFlight => 3,
+            Limit::TokensPerDay => 4,
+            Limit::UsdPerMonth => 5,
+        }
+    }
+
+    pub(crate) fn from_code(code: u64) -> Option<Limit> {
+        [
+            Limit::Rpm,
+            Limit::Tpm,
+            Limit::MaxInFlight,
+            Limit::TokensPerDay,
+            Limit::UsdPerMonth,
+        ]
+        .into_iter()
+        .find(|l| l.code() == code)
+    }
+}
+
+/// Why an ask was refused: the first exhausted period quota, else the rate limit that frees last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Index into [`Ask::meters`].
+    pub meter: usize,
+    pub limit: Limit,
+    /// When the ask would fit (for a period quota: when the period ends).
+    pub retry_after_ms: u64,
+    /// What that limit has used (requests, tokens, or millionths of a dollar).
+    pub used: u64,
+    /// The limit itself, in the same unit.
+    pub cap: u64,
+    /// What this ask would have added, in the same unit.
+    pub asked: u64,
+    /// Every meter's usage, same order as the ask.
+    pub usage: Vec<MeterUsage>,
+}
+
+/// An admitted ask: what it charged where, to be settled with the real numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub meters: Vec<MeterKey>,
+    /// The window bucket, UTC day and month the charge went to (store time).
+    pub second: u64,
+    pub day: u64,
+    pub month: u64,
+    pub tokens: u64,
+    pub micro_usd: u64,
+    /// Its entry among the requests in flight.
+    pub member: u64,
+    /// Every meter's usage including this charge, same order as the ask.
+    pub usage: Vec<MeterUsage>,
+    /// Made in the shared store (else in an instance's own memory): settled where it was made.
+    pub shared: bool,
+}
+
+/// A reservation's final numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    pub tokens: u64,
+    pub micro_usd: u64,
+    /// The request is over: it no longer counts in flight.
+    pub release: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Admitted(Reservation),
+    Refused(Refusal),
+}
+
+/// The rolling minute as sixty one-second buckets of (second, requests, tokens).
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    buckets: [(u64, u64, u64); WINDOW_SECONDS as usize],
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window {
+            buckets: [(u64::MAX, 0, 0); WINDOW_SECONDS as usize],
+        }
+    }
+}
+
+fn live(bucket_second: u64, second: u64) -> bool {
+    bucket_second != u64::MAX
+        && bucket_second <= second
+        && bucket_second + WINDOW_SECONDS > second
+}
+
+impl Window {
+    pub fn used(&self, second: u64) -> (u64, u64) {
+        self.buckets
+            .iter()
+            .filter(|(s, _, _)| live(*s, second))
+            .fold((0, 0), |(r, t), (_, br, bt)| (r + br, t + bt))
+    }
+
+    pub fn add(&mut self, second: u64, requests: u64, tokens: u64) {
+        let slot = &mut self.buckets[(second % WINDOW_SECONDS) as usize];
+        if slot.0 != second {
+            *slot = (second, 0, 0);
+        }
+        slot.1 += requests;
+        slot.2 += tokens;
+    }
+
+    /// Changes the tokens charged in `second` by `delta`, if that bucket is still in the window.
+    pub fn adjust(&mut self, second: u64, delta: i64) {
+        let slot = &mut self.buckets[(second % WINDOW_SECONDS) as usize];
+        if slot.0 == second {
+            slot.2 = slot.2.saturating_add_signed(delta);
+        }
+    }
+
+    /// Milliseconds from `now_ms` until the window has room for `requests` more under `cap`
+    /// (or `tokens` more, with `tokens_mode`): when the oldest buckets that must go have left it.
+    pub fn frees_in(&self, now_ms: u64, cap: u64, asked: u64, tokens_mode: bool) -> u64 {
+        let second = now_ms / 1000;
+        let mut live: Vec<(u64, u64)> = self
+            .buckets
+            .iter()
+            .filter(|(s, _, _)| live(*s, second))
+            .map(|(s, r, t)| (*s, if tokens_mode { *t } else { *r }))
+            .collect();
+        live.sort_unstable();
+        let mut used: u64 = live.iter().map(|(_, v)| v).sum();
+        for (s, v) in live {
+            used -= v;
+            if used + asked <= cap {
+                return ((s + WINDOW_SECONDS) * 1000).saturating_sub(now_ms).max(1);
+            }
+        }
+        WINDOW_SECONDS * 1000
+    }
+}
+
+/// The UTC day number of a time.
+pub fn day_of(now_ms: u64) -> u64 {
+    now_ms / DAY_MS
+}
+
+/// `year * 12 + month - 1` of a UTC day number.
+pub fn month_of(day: u64) -> u64 {
+    let (y, m, _) = civil_from_days(day as i64);
+    (y * 12 + m - 1) as u64
+}
+
+/// Milliseconds until the UTC day of `now_ms` ends.
+pub fn day_ends_in(now_ms: u64) -> u64 {
+    (day_of(now_ms) + 1) * DAY_MS - now_ms
+}
+
+/// Milliseconds until the UTC month of `now_ms` ends.
+pub fn month_ends_in(now_ms: u64) -> u64 {
+    let month = month_of(day_of(now_ms)) as i64 + 1;
+    let next = days_from_civil(month / 12, month % 12 + 1, 1);
+    (next as u64 * DAY_MS).saturating_sub(now_ms)
+}
+
+/// (year, month 1-12, day 1-31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The refusal for one meter, if any: period quotas first, then rate limits.
+pub(crate) struct Check {
+    pub limit: Limit,
+    pub retry_after_ms: u64,
+    pub used: u64,
+    pub cap: u64,
+    pub asked: u64,
+}
+
+/// Picks the refusal an ask gets from every failing check: the first period quota, else the
+/// rate limit that frees last.
+pub(crate) fn pick(failing: Vec<(usize, Check)>) -> Option<(usize, Check)> {
+    let mut rate: Option<(usize, Check)> = None;
+    for (meter, check) in failing {
+        if check.limit.is_period() {
+            return Some((meter, check));
+        }
+        if rate
+            .as_ref()
+            .is_none_or(|(_, r)| check.retry_after_ms > r.retry_after_ms)
+        {
+            rate = Some((meter, check));
+        }
+    }
+    rate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_charge_leaves_the_window_sixty_seconds_after_its_second() {
+        let mut w = Window::default();
+        w.add(100, 1, 50);
+        w.add(130, 1, 20);
+        assert_eq!(w.used(159), (2, 70));
+        assert_eq!(w.used(160), (1, 20));
+        // Room for 40 more tokens under 100 comes when second 100 leaves: at 160.000 s.
+        assert_eq!(w.frees_in(159_500, 100, 40, true), 500);
+        assert_eq!(w.frees_in(159_500, 100, 90, true), 30_500);
+        assert_eq!(w.frees_in(159_500, 10, 11, true), 60_000);
+        w.adjust(130, -15);
+        w.adjust(99, 1000);
+        assert_eq!(w.used(159), (2, 55));
+    }
+
+    #[test]
+    fn days_and_months_are_utc_calendar_periods() {
+        // 2026-12-01T10:00Z
+        let t = 1_796_119_200_000;
+        assert_eq!(month_of(day_of(t)), 2026 * 12 + 11);
+        assert_eq!(day_ends_in(t), 14 * 3_600_000);
+        // December has 31 days: the month ends 30 days and 14 hours later.
+        assert_eq!(month_ends_in(t), (30 * 24 + 14) * 3_600_000);
+        // 2024-02-29 is a leap day; March follows.
+        let leap = days_from_civil(2024, 2, 29);
+        assert_eq!(civil_from_days(leap), (2024, 2, 29));
+        assert_eq!(civil_from_days(leap + 1), (2024, 3, 1));
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+    }
+}

@@ -1,0 +1,415 @@
+//! The hand-off from the request path to the store. [`Recorder::record`] is a `try_send` into a
+//! bounded channel, nothing more; a writer on its own thread drains the channel in batches into
+//! the store. When the store is down or slow (or the channel is full) records go to the
+//! [`Journal`] instead, and the writer replays the journal into the store once it answers again.
+//! [`Recorder::close`] (shutdown) writes out what is buffered before it returns.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::journal::Journal;
+use crate::postgres::PostgresStore;
+use crate::record::UsageRecord;
+use crate::sqlite::SqliteStore;
+use crate::store::{Destination, StoreUrl, UsageError};
+
+/// Records the channel holds before `record` spills to the journal itself.
+const CHANNEL: usize = 32_768;
+/// Records written in one transaction, at most.
+const BATCH: usize = 512;
+/// How long the writer waits for more records before it writes a batch that is not full.
+const LINGER: Duration = Duration::from_millis(20);
+/// The first and the longest wait before the store is tried again after a failure.
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The handle requests record through; cheap to clone, shared by every runtime of a gateway.
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Option<Arc<Inner>>,
+}
+
+struct Inner {
+    destination: Destination,
+    sender: mpsc::Sender<Message>,
+    journal: Arc<Journal>,
+    counters: Arc<Counters>,
+}
+
+enum Message {
+    Record(Box<UsageRecord>),
+    /// Write out everything sent before; answers whether the journal is empty (all in the store).
+    Flush(oneshot::Sender<bool>),
+    /// [`Message::Flush`], then stop the writer.
+    Close(oneshot::Sender<bool>),
+}
+
+#[derive(Default)]
+struct Counters {
+    written: AtomicU64,
+    spilled: AtomicU64,
+    replayed: AtomicU64,
+    lost: AtomicU64,
+}
+
+/// What a recorder has done so far (for metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecorderStats {
+    /// Records the store accepted straight from the channel.
+    pub written: u64,
+    /// Records that went to the journal (store down or slow, channel full, or shutting down).
+    pub spilled: u64,
+    /// Journal records replayed into the store.
+    pub replayed: u64,
+    /// Records neither the store nor the journal could take (the journal's disk failed).
+    pub lost: u64,
+    /// Records waiting in the channel.
+    pub buffered: usize,
+}
+
+impl Recorder {
+    /// A recorder that keeps nothing (`usage.store: off`).
+    pub fn off() -> Recorder {
+        Recorder { inner: None }
+    }
+
+    /// Starts the writer thread for `destination`. It does not wait for the store: a store that
+    /// cannot be reached yet is tried again and again while records wait in the journal.
+    pub fn start(destination: Destination) -> Result<Recorder, UsageError> {
+        let (Some(store), Some(journal)) = (Store::new(&destination.store), &destination.journal)
+        else {
+            return Ok(Recorder::off());
+        };
+        let journal = Arc::new(Journal::new(journal.clone()));
+        let (sender, inbox) = mpsc::channel(CHANNEL);
+        let counters = Arc::new(Counters::default());
+        let writer = Writer {
+            store,
+            journal: journal.clone(),
+            counters: counters.clone(),
+            retry_at: Instant::now(),
+            backoff: RETRY_MIN,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| UsageError::Io("cannot start the usage writer".into(), e))?;
+        std::thread::Builder::new()
+            .name("onedoor-usage".into())
+            .spawn(move || runtime.block_on(writer.run(inbox)))
+            .map_err(|e| UsageError::Io("cannot start the usage writer".into(), e))?;
+        tracing::info!(store = %destination.store, journal = %journal.path().display(), "usage recording started");
+        Ok(Recorder {
+            inner: Some(Arc::new(Inner {
+                destination,
+                sender,
+                journal,
+                counters,
+            })),
+        })
+    }
+
+    /// Whether this recorder writes to `destination` (a reload that keeps it keeps the recorder).
+    pub fn writes_to(&self, destination: &Destination) -> bool {
+        match &self.inner {
+            Some(inner) => inner.destination == *destination,
+            None => destination.store == StoreUrl::Off,
+        }
+    }
+
+    /// Hands `record` to the writer without waiting; when the channel is full or the writer has
+    /// stopped, the record goes to the journal at once.
+    pub fn record(&self, record: UsageRecord) {
+        let Some(inner) = &self.inner else {
+            return;
+        };
+        let record = match inner.sender.try_send(Message::Record(Box::new(record))) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(Message::Record(record)))
+            | Err(mpsc::error::TrySendError::Closed(Message::Record(record))) => record,
+            Err(_) => return,
+        };
+        spill(&inner.journal, &inner.counters, &[*record]);
+    }
+
+    /// Waits until every record recorded before is in the store or the journal, trying the
+    /// store (and replaying the journal) at once; `true` when the journal is empty afterwards.
+    pub async fn flush(&self) -> bool {
+        self.ask(Message::Flush).await
+    }
+
+    /// [`Recorder::flush`], then stops the writer; records after it go to the journal, which the
+    /// next start replays. Every clone shares the one writer.
+    pub async fn close(&self) -> bool {
+        self.ask(Message::Close).await
+    }
+
+    async fn ask(&self, message: fn(oneshot::Sender<bool>) -> Message) -> bool {
+        let Some(inner) = &self.inner else {
+            return true;
+        };
+        let (answer, answered) = oneshot::channel();
+        if inner.sender.send(message(answer)).await.is_err() {
+            return !inner.journal.pending();
+        }
+        answered.await.unwrap_or(false)
+    }
+
+    pub fn stats(&self) -> RecorderStats {
+        let Some(inner) = &self.inner else {
+            return RecorderStats::default();
+        };
+        let c = &inner.counters;
+        RecorderStats {
+            written: c.written.load(Ordering::Relaxed),
+            spilled: c.spilled.load(Ordering::Relaxed),
+            replayed: c.replayed.load(Ordering::Relaxed),
+            lost: c.lost.load(Ordering::Relaxed),
+            buffered: CHANNEL - inner.sender.capacity(),
+        }
+    }
+}
+
+fn spill(journal: &Journal, counters: &Counters, records: &[UsageRecord]) {
+    let n = records.len() as u64;
+    match journal.append(records) {
+        Ok(()) => counters.spilled.fetch_add(n, Ordering::Relaxed),
+        Err(error) => {
+            tracing::error!(%error, journal = %journal.path().display(), records = n, "usage records lost: the journal cannot be written");
+            counters.lost.fetch_add(n, Ordering::Relaxed)
+        }
+    };
+}
+
+/// The store the writer talks to, connected on first use and again after a failure.
+enum Store {
+    Sqlite {
+        path: std::path::PathBuf,
+        open: Option<SqliteStore>,
+    },
+    Postgres {
+        url: String,
+        open: Option<PostgresStore>,
+    },
+}
+
+impl Store {
+    fn new(store: &StoreUrl) -> Option<Store> {
+        match store {
+            StoreUrl::Sqlite(path) => Some(Store::Sqlite {
+                path: path.clone(),
+                open: None,
+            }),
+            StoreUrl::Postgres(url) => Some(Store::Postgres {
+                url: url.clone(),
+                open: None,
+            }),
+            StoreUrl::Off => None,
+        }
+    }
+
+    async fn insert(&mut self, records: &[UsageRecord]) -> Result<(), UsageError> {
+        match self {
+            Store::Sqlite { path, open } => {
+                if open.is_none() {
+                    *open = Some(SqliteStore::open(path)?);
+                }
+                let result = match open.as_mut() {
+                    Some(store) => store.insert(records).map(drop),
+                    None => Ok(()),
+                };
+                if result.is_err() {
+                    *open = None;
+                }
+                result
+            }
+            Store::Postgres { url, open } => {
+                if open.as_ref().is_none_or(PostgresStore::is_closed) {
+                    *open = None;
+                    *open = Some(PostgresStore::connect(url).await?);
+                }
+                let result = match open.as_ref() {
+                    Some(store) => store.insert(records).await.map(drop),
+                    None => Ok(()),
+                };
+                if result.is_err() {
+                    *open = None;
+                }
+                result
+            }
+        }
+    }
+}
+
+/// The writer thread's loop.
+struct Writer {
+    store: Store,
+    journal: Arc<Journal>,
+    counters: Arc<Counters>,
+    /// Until then the store is not tried: it failed recently.
+    retry_at: Instant,
+    backoff: Duration,
+}
+
+impl Writer {
+    async fn run(mut self, mut inbox: mpsc::Receiver<Message>) {
+        loop {
+            let message = match self.journal.pending() {
+                true => tokio::select! {
+                    message = inbox.recv() => message,
+                    _ = tokio::time::sleep_until(self.retry_at) => {
+                        self.replay().await;
+                        continue;
+                    }
+                },
+                false => inbox.recv().await,
+            };
+            let mut batch = Vec::new();
+            let mut answers = Vec::new();
+            let mut closing = message.is_none();
+            let mut next = message;
+            let linger_until = Instant::now() + LINGER;
+            while let Some(message) = next.take() {
+                match message {
+                    Message::Record(record) => batch.push(*record),
+                    Message::Flush(answer) => answers.push(answer),
+                    Message::Close(answer) => {
+                        answers.push(answer);
+                        closing = true;
+                    }
+                }
+                if batch.len() < BATCH && answers.is_empty() && !closing {
+                    next = match inbox.try_recv() {
+                        Ok(message) => Some(message),
+                        // Under light load, wait a little for company: a transaction per record
+                        // costs more than the record.
+                        Err(_) => tokio::time::timeout_at(linger_until, inbox.recv())
+                            .await
+                            .ok()
+                            .flatten(),
+                    };
+                }
+            }
+            if closing {
+                inbox.close();
+                while let Ok(message) = inbox.try_recv() {
+                    match message {
+                        Message::Record(record) => batch.push(*record),
+                        Message::Flush(answer) | Message::Close(answer) => answers.push(answer),
+                    }
+                }
+            }
+            let asked = !answers.is_empty();
+            if asked {
+                // Someone waits: try the store now rather than at the next retry.
+                self.retry_at = Instant::now();
+            }
+            self.write(batch).await;
+            if closing {
+                if let Err(error) = self.journal.sync() {
+                    tracing::error!(%error, "the usage journal could not be synced");
+                }
+            }
+            let empty = !self.journal.pending();
+            for answer in answers {
+                let _ = answer.send(empty);
+            }
+            if closing {
+                tracing::info!(journal_empty = empty, "usage recording stopped");
+                return;
+            }
+        }
+    }
+
+    fn failed(&mut self, error: &UsageError) {
+        tracing::warn!(%error, retry_in = ?self.backoff, "the usage store cannot take records; they go to the journal");
+        self.retry_at = Instant::now() + self.backoff;
+        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+    }
+
+    fn recovered(&mut self) {
+        if self.backoff > RETRY_MIN {
+            tracing::info!("the usage store takes records again");
+        }
+        self.backoff = RETRY_MIN;
+    }
+
+    /// Writes a batch to the store, or to the journal while the store is failing; then replays
+    /// the journal if it holds records and the store may be tried.
+    async fn write(&mut self, mut batch: Vec<UsageRecord>) {
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(BATCH));
+            if Instant::now() < self.retry_at {
+                spill(&self.journal, &self.counters, &batch);
+            } else {
+                match self.store.insert(&batch).await {
+                    Ok(()) => {
+                        self.recovered();
+                        let n = batch.len() as u64;
+                        self.counters.written.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(error) => {
+                        self.failed(&error);
+                        spill(&self.journal, &self.counters, &batch);
+                    }
+                }
+            }
+            batch = rest;
+        }
+        if self.journal.pending() && Instant::now() >= self.retry_at {
+            self.replay().await;
+        }
+    }
+
+    /// Moves the journal's records into the store, a batch at a time.
+    async fn replay(&mut self) {
+        let mut backlog = match self.journal.backlog() {
+            Ok(Some(backlog)) => backlog,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::error!(%error, "the usage journal cannot be read");
+                self.retry_at = Instant::now() + RETRY_MAX;
+                return;
+            }
+        };
+        let mut replayed = 0u64;
+        loop {
+            let batch = match backlog.next_batch(BATCH) {
+                Ok(batch) => batch,
+                Err(error) => {
+                    tracing::error!(%error, "the usage journal cannot be read");
+                    self.retry_at = Instant::now() + RETRY_MAX;
+                    return;
+                }
+            };
+            if batch.is_empty() {
+                break;
+            }
+            if let Err(error) = self.store.insert(&batch).await {
+                self.failed(&error);
+                return;
+            }
+            self.recovered();
+            replayed += batch.len() as u64;
+        }
+        if backlog.skipped > 0 {
+            tracing::warn!(
+                lines = backlog.skipped,
+                "skipped journal lines that were not records"
+            );
+        }
+        self.counters
+            .replayed
+            .fetch_add(replayed, Ordering::Relaxed);
+        if let Err(error) = self.journal.replayed(backlog) {
+            tracing::error!(%error, "a replayed usage journal could not be removed; it will be replayed again");
+            self.retry_at = Instant::now() + RETRY_MAX;
+            return;
+        }
+        tracing::info!(records = replayed, "usage journal replayed into the store");
+    }
+}

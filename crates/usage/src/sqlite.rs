@@ -1,0 +1,248 @@
+//! The SQLite store, the embedded default: one file in WAL mode (readers such as `usage report`
+//! never block the writer), written one transaction per batch.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OpenFlags, TransactionBehavior};
+
+use crate::record::{now_ms, UsageRecord};
+use crate::report::{ReportQuery, ReportRow};
+use crate::schema::{self, Row};
+use crate::store::UsageError;
+
+/// How long a statement waits for another connection's lock (a report reading while the
+/// gateway writes, two migrations at once) before it fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct SqliteStore {
+    connection: Connection,
+}
+
+impl SqliteStore {
+    /// Opens the store at `path`, creating the file (and its directory) and the tables.
+    pub fn open(path: &Path) -> Result<SqliteStore, UsageError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| UsageError::Io(format!("cannot create {}", dir.display()), e))?;
+        }
+        Self::ready(Connection::open(path)?)
+    }
+
+    /// Opens a store that must already exist (reports never create one).
+    pub fn open_existing(path: &Path) -> Result<SqliteStore, UsageError> {
+        if !path.exists() {
+            return Err(UsageError::Missing(path.to_path_buf()));
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        Self::ready(Connection::open_with_flags(path, flags)?)
+    }
+
+    fn ready(connection: Connection) -> Result<SqliteStore, UsageError> {
+        connection.busy_timeout(BUSY_TIMEOUT)?;
+        let mode: String =
+            connection.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(mode, "the usage store could not switch to WAL mode");
+        }
+        // Safe with WAL: a power cut may lose the last commits, never corrupt the file.
+        connection.pragma_update(None, "synchronous", "NORMAL")?;
+        let mut store = SqliteStore { connection };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Applies the migrations this file lacks, in one transaction that holds the write lock.
+    fn migrate(&mut self) -> Result<(), UsageError> {
+        let tx = self
+            .connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute_batch(schema::CREATE_VERSION_TABLE)?;
+        let current: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_version",
+            [],
+            |row| row.get(0),
+        )?;
+        if current > schema::latest() {
+            return Err(UsageError::NewerSchema {
+                found: current,
+                known: schema::latest(),
+            });
+        }
+        for (version, sql) in (1..).zip(schema::MIGRATIONS).skip(current as usize) {
+            tx.execute_batch(sql)?;
+            tx.execute(
+                "INSERT INTO schema_version (version, applied_at_ms) VALUES (?1, ?2)",
+                params![version, schema::int(now_ms())],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Writes `records` in one transaction; a request id already stored keeps its row.
+    /// Returns how many rows were new.
+    pub fn insert(&mut self, records: &[UsageRecord]) -> Result<usize, UsageError> {
+        let tx = self.connection.transaction()?;
+        let mut added = 0;
+        {
+            let mut statement = tx.prepare(&schema::insert(1, |n| format!("?{n}")))?;
+            for record in records {
+                let r = Row::of(record);
+                added += statement.execute(params![
+                    r.request_id,
+                    r.at_ms,
+                    r.day,
+                    r.tenant,
+                    r.key_id,
+                    r.alias,
+                    r.backend,
+                    r.model,
+                    r.region,
+                    r.status,
+                    r.input_tokens,
+                    r.output_tokens,
+                    r.cached_tokens,
+                    r.source,
+                    r.estimated_tokens,
+                    r.cost_usd,
+                    r.duration_ms,
+                    r.ttft_ms,
+                    r.attempts,
+                    r.attempt_trail,
+                    r.stream,
+                    r.stream_cut,
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(added)
+    }
+
+    pub fn report(&self, query: &ReportQuery) -> Result<Vec<ReportRow>, UsageError> {
+        let (sql, bounds) = query.sql(|n| format!("?{n}"));
+        let groups = query.by.len();
+        let mut statement = self.connection.prepare(&sql)?;
+        let rows = statement.query_map(params![bounds[0], bounds[1]], |row| {
+            let mut group = Vec::with_capacity(groups);
+            for i in 0..groups {
+                group.push(row.get::<_, String>(i)?);
+            }
+            let mut numbers = [0i64; 7];
+            for (i, number) in numbers.iter_mut().enumerate() {
+                *number = row.get(groups + i)?;
+            }
+            let cost: f64 = row.get(groups + 7)?;
+            Ok(ReportRow::from_measures(group, numbers, cost))
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::GroupBy;
+
+    fn temp_db(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "onedoor-usage-sqlite-{}-{name}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir.join("nested").join("usage.db")
+    }
+
+    #[test]
+    fn a_new_file_is_created_in_wal_mode_and_migrated_once() {
+        let path = temp_db("migrate");
+        let store = SqliteStore::open(&path).unwrap();
+        let mode: String = store
+            .connection
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        drop(store);
+        let store = SqliteStore::open(&path).unwrap();
+        let versions: i64 = store
+            .connection
+            .query_row("SELECT COUNT(*) FROM schema_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(versions, schema::latest());
+    }
+
+    #[test]
+    fn a_request_id_is_stored_once() {
+        let mut store = SqliteStore::open(&temp_db("once")).unwrap();
+        let records = [crate::testing_record("a"), crate::testing_record("b")];
+        assert_eq!(store.insert(&records).unwrap(), 2);
+        assert_eq!(store.insert(&records).unwrap(), 0);
+        let rows = store.report(&ReportQuery::default()).unwrap();
+        assert_eq!(rows[0].requests, 2);
+        assert_eq!(rows[0].input_tokens, 2 * records[0].tokens.input);
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let path = temp_db("newer");
+        let store = SqliteStore::open(&path).unwrap();
+        store
+            .connection
+            .execute(
+                "INSERT INTO schema_version (version, applied_at_ms) VALUES (99, 0)",
+                [],
+            )
+            .unwrap();
+        drop(store);
+        assert!(matches!(
+            SqliteStore::open(&path),
+            Err(UsageError::NewerSchema { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn reports_group_and_filter_by_time() {
+        let mut store = SqliteStore::open(&temp_db("report")).unwrap();
+        let mut records = Vec::new();
+        for (i, (tenant, day_ms)) in [
+            ("legal", 1_796_083_200_000u64), // 2026-12-01
+            ("legal", 1_796_169_600_000),    // 2026-12-02
+            ("ops", 1_796_169_600_000),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut record = crate::testing_record(&format!("r{i}"));
+            record.tenant = tenant.into();
+            record.at_ms = day_ms;
+            records.push(record);
+        }
+        records[2].backend = None;
+        store.insert(&records).unwrap();
+        let query = ReportQuery {
+            by: vec![GroupBy::Tenant, GroupBy::Day, GroupBy::Backend],
+            ..ReportQuery::default()
+        };
+        let rows = store.report(&query).unwrap();
+        let groups: Vec<Vec<String>> = rows.iter().map(|r| r.group.clone()).collect();
+        assert_eq!(
+            groups,
+            [
+                ["legal", "2026-12-01", "sub1-fr"],
+                ["legal", "2026-12-02", "sub1-fr"],
+                ["ops", "2026-12-02", "-"],
+            ]
+        );
+        let december_2 = ReportQuery {
+            since_ms: Some(1_796_169_600_000),
+            by: vec![GroupBy::Month],
+            ..ReportQuery::default()
+        };
+        let rows = store.report(&december_2).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (rows[0].group[0].as_str(), rows[0].requests),
+            ("2026-12", 2)
+        );
+    }
+}
