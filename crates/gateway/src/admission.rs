@@ -216,6 +216,16 @@ fn needs_tokens(limits: &MeterLimits) -> bool {
     limits.tpm.is_some() || limits.tokens_per_day.is_some() || limits.micro_usd_per_month.is_some()
 }
 
+/// Whether any tenant or key of `snapshot` has a limit the tokenizer serves.
+pub fn counts_tokens(snapshot: &Snapshot) -> bool {
+    snapshot.tenants.iter().any(|t| {
+        std::iter::once(&t.limits)
+            .chain(t.keys.iter().map(|k| &k.limits))
+            .filter_map(meter_limits)
+            .any(|l| needs_tokens(&l))
+    })
+}
+
 /// The estimator for an alias: the family of its first target's deployment (or, on `"*"`, the
 /// requested name).
 pub fn estimator(alias: &Alias, requested: &str) -> Estimator {

@@ -163,6 +163,9 @@ fn launch(
     source: Option<Source>,
 ) -> Running {
     let state = Arc::new(store_for(&snapshot.state));
+    if admission::counts_tokens(&snapshot) {
+        tokio::task::spawn_blocking(tokens::warm_up);
+    }
     let (shutdown, watcher) = watch::channel(false);
     let mut runtime = Runtime::new(Arc::new(snapshot), state);
     runtime.recorder = recording::start(&runtime.snapshot);

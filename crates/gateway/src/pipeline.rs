@@ -104,8 +104,9 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
 /// digits. The usage store keys its records by it; ids in arrival order keep those inserts cheap
 /// (random ones cost SQLite about four times as much).
 fn request_id() -> String {
-    let random = rand::random::<u128>() & ((1u128 << 80) - 1);
-    format!("{:012x}{random:020x}", onedoor_usage::now_ms() & ((1 << 48) - 1))
+    let millis = onedoor_usage::now_ms() & ((1 << 48) - 1);
+    let random = rand::random::<u128>() & ((1 << 80) - 1);
+    format!("{millis:012x}{random:020x}")
 }
 
 async fn serve(

@@ -264,7 +264,12 @@ fn text_chars(value: &serde_json::Value) -> usize {
         serde_json::Value::Array(items) => items.iter().map(text_chars).sum(),
         serde_json::Value::Object(map) => map
             .iter()
-            .filter(|(k, _)| !matches!(k.as_str(), "role" | "type" | "id" | "tool_call_id" | "detail"))
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "role" | "type" | "id" | "tool_call_id" | "detail"
+                )
+            })
             .map(|(_, v)| text_chars(v))
             .sum(),
         _ => 0,

@@ -238,6 +238,8 @@ mod tests {
         let removed = pin_to(&mut plan, None, "gone", "assistants").unwrap_err();
         assert!(removed.to_string().contains("no longer configured"));
         let elsewhere = pin_to(&mut plan, Some(9), "z", "assistants").unwrap_err();
-        assert!(elsewhere.to_string().contains("no longer a target of `assistants`"));
+        assert!(elsewhere
+            .to_string()
+            .contains("no longer a target of `assistants`"));
     }
 }

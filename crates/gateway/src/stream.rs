@@ -460,7 +460,9 @@ impl Relay {
                 .any(|(k, _)| matches!(k, EventKind::Content { finished: true } | EventKind::Done));
         if !completes {
             self.finished = true;
-            return Step::Cut("the upstream stream ended before the answer was complete".to_owned());
+            return Step::Cut(
+                "the upstream stream ended before the answer was complete".to_owned(),
+            );
         }
         let mut notable = None;
         for (kind, event) in rest {
@@ -575,7 +577,8 @@ impl Answering {
         self.ended = true;
         let own = self.relay.usage();
         let usage = self.spent.map_or(own, |s| s.plus(own));
-        if let (Some(in_flight), UsageSource::Measured) = (self.relay.in_flight.as_mut(), own.source)
+        if let (Some(in_flight), UsageSource::Measured) =
+            (self.relay.in_flight.as_mut(), own.source)
         {
             in_flight.settle(own.total_tokens(), onedoor_state::now_ms());
         }

@@ -212,7 +212,11 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            (usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens),
+            (
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.cache_write_tokens
+            ),
             (115, 100, 5)
         );
         assert_eq!(usage.to_anthropic()["input_tokens"], 10);
@@ -223,8 +227,16 @@ mod tests {
     fn responses_and_embeddings_usage_are_read() {
         let responses = json!({"input_tokens": 5, "input_tokens_details": {"cached_tokens": 2}, "output_tokens": 3, "total_tokens": 8});
         let usage = Usage::from_openai(&responses).unwrap();
-        assert_eq!((usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens), (5, 3, 2));
-        let embeddings = Usage::from_openai(&json!({"prompt_tokens": 8, "total_tokens": 8})).unwrap();
+        assert_eq!(
+            (
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.cached_tokens
+            ),
+            (5, 3, 2)
+        );
+        let embeddings =
+            Usage::from_openai(&json!({"prompt_tokens": 8, "total_tokens": 8})).unwrap();
         assert_eq!(embeddings.total_tokens(), 8);
     }
 

@@ -15,7 +15,9 @@ use http::Method;
 fn fleet() -> Vec<EndpointSpec> {
     ["a", "b"]
         .into_iter()
-        .map(|name| EndpointSpec::azure(name, "swedencentral").deployment(DeploymentSpec::new("gpt-4o")))
+        .map(|name| {
+            EndpointSpec::azure(name, "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))
+        })
         .collect()
 }
 
@@ -31,10 +33,16 @@ fn config(backends: &[&str]) -> String {
     for (alias, affinity) in [("assistants", true), ("chat", false)] {
         yaml.push_str(&format!(
             "{}  - name: {alias}\n    session_affinity: {affinity}\n    targets:\n",
-            if alias == "assistants" { "models:\n" } else { "" }
+            if alias == "assistants" {
+                "models:\n"
+            } else {
+                ""
+            }
         ));
         for name in backends {
-            yaml.push_str(&format!("      - {{ backend: {name}, deployment: gpt-4o }}\n"));
+            yaml.push_str(&format!(
+                "      - {{ backend: {name}, deployment: gpt-4o }}\n"
+            ));
         }
     }
     yaml
@@ -43,7 +51,10 @@ fn config(backends: &[&str]) -> String {
 /// A chat completion for `model` with `key`, carrying `extra` headers.
 async fn ask(h: &Harness, model: &str, key: &str, extra: &[(&str, &str)]) -> Answer {
     let auth = format!("Bearer {key}");
-    let mut headers = vec![("authorization", auth.as_str()), ("content-type", "application/json")];
+    let mut headers = vec![
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
     headers.extend_from_slice(extra);
     let body = Bytes::from(chat_body(model, false).to_string());
     h.send(Method::POST, h.url("/v1/chat/completions"), &headers, body)
@@ -57,13 +68,17 @@ async fn start_session(h: &Harness) -> (String, String) {
     let token = first.header("x-onedoor-session").to_owned();
     assert!(token.starts_with("ods_"), "{token:?}");
     let cookie = first.header("set-cookie");
-    assert!(cookie.starts_with(&format!("onedoor-session={token};")), "{cookie}");
+    assert!(
+        cookie.starts_with(&format!("onedoor-session={token};")),
+        "{cookie}"
+    );
     assert!(cookie.contains("HttpOnly"));
     (token, first.header("x-onedoor-backend").to_owned())
 }
 
 #[tokio::test]
-async fn a_hundred_requests_with_one_session_token_land_on_one_backend_while_a_plain_alias_spreads() {
+async fn a_hundred_requests_with_one_session_token_land_on_one_backend_while_a_plain_alias_spreads()
+{
     let h = Harness::start(fleet(), &config(&["a", "b"])).await;
     let (token, holder) = start_session(&h).await;
     let cookie = format!("theme=dark; onedoor-session={token}");
@@ -76,14 +91,22 @@ async fn a_hundred_requests_with_one_session_token_land_on_one_backend_while_a_p
         let answer = ask(&h, "assistants", KEY, &[carried]).await;
         assert_eq!(answer.status, 200, "{}", answer.body);
         assert_eq!(answer.header("x-onedoor-session"), token);
-        *pinned.entry(answer.header("x-onedoor-backend").to_owned()).or_insert(0) += 1;
+        *pinned
+            .entry(answer.header("x-onedoor-backend").to_owned())
+            .or_insert(0) += 1;
     }
     assert_eq!(pinned, BTreeMap::from([(holder, 100)]));
     let mut spread = BTreeMap::new();
     for _ in 0..100 {
         let answer = ask(&h, "chat", KEY, &[("x-onedoor-session", &token)]).await;
-        assert_eq!(answer.header("x-onedoor-session"), "", "a plain alias issues no token");
-        *spread.entry(answer.header("x-onedoor-backend").to_owned()).or_insert(0) += 1;
+        assert_eq!(
+            answer.header("x-onedoor-session"),
+            "",
+            "a plain alias issues no token"
+        );
+        *spread
+            .entry(answer.header("x-onedoor-backend").to_owned())
+            .or_insert(0) += 1;
     }
     assert_eq!(spread.len(), 2, "{spread:?}");
     assert!(spread.values().all(|n| *n >= 30), "{spread:?}");
@@ -93,13 +116,24 @@ async fn a_hundred_requests_with_one_session_token_land_on_one_backend_while_a_p
 async fn a_session_whose_backend_is_drained_cannot_continue_and_is_not_moved() {
     let h = Harness::start(fleet(), &config(&["a", "b"])).await;
     let (token, holder) = start_session(&h).await;
-    assert_eq!(h.admin_post(&format!("/admin/backends/{holder}/drain")).await.status, 200);
+    assert_eq!(
+        h.admin_post(&format!("/admin/backends/{holder}/drain"))
+            .await
+            .status,
+        200
+    );
     let served_before = h.endpoint(&holder).total_requests();
     let answer = ask(&h, "assistants", KEY, &[("x-onedoor-session", &token)]).await;
     assert_eq!(answer.status, 503, "{}", answer.body);
     assert_eq!(answer.code(), "no_backend_available");
-    let message = answer.json()["error"]["message"].as_str().unwrap().to_owned();
-    assert!(message.contains(&format!("`{holder}`, which is drained")), "{message}");
+    let message = answer.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(&format!("`{holder}`, which is drained")),
+        "{message}"
+    );
     assert!(message.contains("cannot continue"), "{message}");
     assert_eq!(answer.attempts(), "");
     assert_eq!(h.endpoint(&holder).total_requests(), served_before);
@@ -121,7 +155,10 @@ async fn a_failing_session_backend_is_retried_in_place_then_its_open_breaker_end
     let failed = ask(&h, "assistants", KEY, &[("x-onedoor-session", &token)]).await;
     assert_eq!(failed.status, 502, "{}", failed.body);
     assert!(
-        failed.attempts().split(',').all(|a| a.starts_with(&format!("{holder}="))),
+        failed
+            .attempts()
+            .split(',')
+            .all(|a| a.starts_with(&format!("{holder}="))),
         "never another backend: {}",
         failed.attempts()
     );
@@ -135,14 +172,26 @@ async fn a_failing_session_backend_is_retried_in_place_then_its_open_breaker_end
 async fn a_token_means_nothing_to_another_tenant_or_once_forged() {
     let h = Harness::start(fleet(), &config(&["a", "b"])).await;
     let (token, _) = start_session(&h).await;
-    let other = ask(&h, "assistants", OTHER_KEY, &[("x-onedoor-session", &token)]).await;
+    let other = ask(
+        &h,
+        "assistants",
+        OTHER_KEY,
+        &[("x-onedoor-session", &token)],
+    )
+    .await;
     assert_eq!(other.status, 400, "{}", other.body);
     assert_eq!(other.code(), "invalid_request");
     assert!(other.body.contains("cannot continue"), "{}", other.body);
     let forged = format!("ods_{:032x}", 42u128);
     let answer = ask(&h, "assistants", KEY, &[("x-onedoor-session", &forged)]).await;
     assert_eq!(answer.status, 400);
-    let junk = ask(&h, "assistants", KEY, &[("x-onedoor-session", "../../admin")]).await;
+    let junk = ask(
+        &h,
+        "assistants",
+        KEY,
+        &[("x-onedoor-session", "../../admin")],
+    )
+    .await;
     assert_eq!(junk.status, 400);
 }
 
@@ -155,5 +204,9 @@ async fn a_session_on_a_backend_removed_from_the_config_cannot_continue() {
     h.gateway.reload().await.unwrap();
     let answer = ask(&h, "assistants", KEY, &[("x-onedoor-session", &token)]).await;
     assert_eq!(answer.status, 503, "{}", answer.body);
-    assert!(answer.body.contains("no longer configured"), "{}", answer.body);
+    assert!(
+        answer.body.contains("no longer configured"),
+        "{}",
+        answer.body
+    );
 }

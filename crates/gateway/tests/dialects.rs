@@ -188,7 +188,10 @@ async fn an_openai_client_calls_tools_on_an_anthropic_backend_and_gets_the_answe
     let calls = message["tool_calls"].as_array().unwrap().clone();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0]["function"]["name"], "get_weather");
-    assert_eq!(calls[0]["function"]["arguments"], "{\"location\":\"Paris\"}");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        "{\"location\":\"Paris\"}"
+    );
     assert!(calls[0]["id"].as_str().unwrap().starts_with("toolu_"));
     let history = json!([
         {"role": "user", "content": "Hello there"},
@@ -443,9 +446,7 @@ async fn an_anthropic_client_gets_every_error_in_anthropics_shape() {
 #[tokio::test]
 async fn an_azure_stream_is_measured_without_showing_the_usage_chunk_the_client_did_not_ask_for() {
     let h = harness().await;
-    let answer = h
-        .post("/v1/chat/completions", chat_body("gpt", true))
-        .await;
+    let answer = h.post("/v1/chat/completions", chat_body("gpt", true)).await;
     assert_eq!(answer.header("x-onedoor-usage"), "measured");
     let chunks = chunks(&answer.body);
     assert!(
@@ -489,7 +490,11 @@ async fn a_lax_openai_compatible_server_is_repaired_and_its_usage_estimated() {
     );
     let answer = h.post("/v1/chat/completions", ask).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert_eq!(answer.header("x-onedoor-usage"), "", "unknown until the end");
+    assert_eq!(
+        answer.header("x-onedoor-usage"),
+        "",
+        "unknown until the end"
+    );
     let chunks = chunks(&answer.body);
     let calls: Vec<&Value> = chunks
         .iter()
@@ -498,7 +503,10 @@ async fn a_lax_openai_compatible_server_is_repaired_and_its_usage_estimated() {
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0]["index"], 0);
     assert_eq!(calls[1]["index"], 1);
-    assert_eq!(calls[0]["function"]["arguments"], "{\"location\":\"Paris\"}");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        "{\"location\":\"Paris\"}"
+    );
     assert_eq!(
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "tool_calls"

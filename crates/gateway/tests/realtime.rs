@@ -81,17 +81,28 @@ async fn connect(h: &Harness) -> (Socket, Response) {
     .expect("the gateway upgrades")
 }
 
-/// The refused handshake's HTTP answer.
-async fn refused(h: &Harness, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+/// The refused handshake's HTTP answer: status, JSON body and `x-onedoor-attempts`.
+async fn refusal(h: &Harness, path: &str, headers: &[(&str, &str)]) -> (u16, Value, String) {
     match connect_with(h, path, headers).await {
         Err(Error::Http(response)) => {
             let body = response.body().clone().unwrap_or_default();
             let json = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            (response.status().as_u16(), json)
+            let attempts = response
+                .headers()
+                .get("x-onedoor-attempts")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            (response.status().as_u16(), json, attempts)
         }
         Ok(_) => panic!("the handshake was accepted"),
         Err(other) => panic!("no HTTP answer: {other}"),
     }
+}
+
+/// The refused handshake's status and JSON body.
+async fn refused(h: &Harness, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let (status, body, _) = refusal(h, path, headers).await;
+    (status, body)
 }
 
 async fn next(socket: &mut Socket) -> Message {
@@ -169,7 +180,10 @@ async fn text_and_binary_frames_flow_both_ways_with_the_backends_own_credential(
             "content": [{"type": "input_text", "text": "Hello there"}]}}),
     )
     .await;
-    assert_eq!(event(&mut socket).await["type"], "conversation.item.created");
+    assert_eq!(
+        event(&mut socket).await["type"],
+        "conversation.item.created"
+    );
     let (text, usage) = respond(&mut socket).await;
     assert_eq!(text, "Hello from rt-se/gpt-rt this is a simulated reply");
     assert_eq!(usage["output_tokens"], 8);
@@ -199,7 +213,10 @@ async fn one_mebibyte_frames_and_pings_pass() {
     let blob = vec![0x5au8; 1 << 20];
     socket.send(Message::binary(blob.clone())).await.unwrap();
     assert_eq!(next(&mut socket).await, Message::binary(blob));
-    socket.send(Message::Ping("still there?".into())).await.unwrap();
+    socket
+        .send(Message::Ping("still there?".into()))
+        .await
+        .unwrap();
     let pong = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             if let Message::Pong(data) = socket.next().await.unwrap().unwrap() {
@@ -236,13 +253,24 @@ async fn an_upstream_close_reaches_the_client_and_codes_that_may_not_be_sent_bec
     let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
     let (mut socket, _) = connect(&h).await;
     event(&mut socket).await;
-    send(&mut socket, json!({"type": "mock.close", "code": 4002, "reason": "call ended"})).await;
+    send(
+        &mut socket,
+        json!({"type": "mock.close", "code": 4002, "reason": "call ended"}),
+    )
+    .await;
     let frame = closed(&mut socket).await;
-    assert_eq!((u16::from(frame.code), frame.reason.as_str()), (4002, "call ended"));
+    assert_eq!(
+        (u16::from(frame.code), frame.reason.as_str()),
+        (4002, "call ended")
+    );
 
     let (mut socket, _) = connect(&h).await;
     event(&mut socket).await;
-    send(&mut socket, json!({"type": "mock.close", "code": 1006, "reason": "abnormal"})).await;
+    send(
+        &mut socket,
+        json!({"type": "mock.close", "code": 1006, "reason": "abnormal"}),
+    )
+    .await;
     assert_eq!(u16::from(closed(&mut socket).await.code), 1011);
 
     let (mut socket, _) = connect(&h).await;
@@ -262,7 +290,10 @@ async fn a_handshake_refused_by_the_first_backend_succeeds_on_the_second() {
     let h = Harness::start(vec![down, realtime("rt-b")], &config(&["rt-a", "rt-b"], "")).await;
     let (mut socket, head) = connect(&h).await;
     assert_eq!(head.headers()["x-onedoor-backend"], "rt-b");
-    assert_eq!(head.headers()["x-onedoor-attempts"], "rt-a=503,rt-a=503,rt-b=200");
+    assert_eq!(
+        head.headers()["x-onedoor-attempts"],
+        "rt-a=503,rt-a=503,rt-b=200"
+    );
     event(&mut socket).await;
     let (text, _) = respond(&mut socket).await;
     assert!(text.contains("rt-b/gpt-rt"), "{text}");
@@ -279,14 +310,30 @@ async fn refusals_are_http_answers_before_any_upgrade() {
     });
     let h = Harness::start(vec![throttled], &config(&["rt-a"], "")).await;
     let (status, body) = refused(&h, AZURE_BETA, &[]).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("invalid_api_key")));
-    let (status, body) = refused(&h, "/v1/realtime?model=nope", &[("authorization", &format!("Bearer {KEY}"))]).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("model_not_found")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("invalid_api_key"))
+    );
+    let (status, body) = refused(
+        &h,
+        "/v1/realtime?model=nope",
+        &[("authorization", &format!("Bearer {KEY}"))],
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("model_not_found"))
+    );
     let (status, body) = refused(&h, AZURE_BETA, &[("api-key", KEY)]).await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["code"], "upstream_rate_limited");
     let plain = h
-        .send(http::Method::GET, h.url(AZURE_BETA), &[("api-key", KEY)], bytes::Bytes::new())
+        .send(
+            http::Method::GET,
+            h.url(AZURE_BETA),
+            &[("api-key", KEY)],
+            bytes::Bytes::new(),
+        )
         .await;
     assert_eq!(plain.status, 400, "{}", plain.body);
     assert!(plain.body.contains("WebSocket"), "{}", plain.body);
@@ -302,9 +349,13 @@ async fn openai_clients_and_backends_speak_bearer_and_the_ga_protocol() {
     );
     let h = Harness::start(vec![spec], &yaml).await;
     let bearer = format!("Bearer {KEY}");
-    let (mut socket, head) = connect_with(&h, "/v1/realtime?model=voice", &[("authorization", &bearer)])
-        .await
-        .unwrap();
+    let (mut socket, head) = connect_with(
+        &h,
+        "/v1/realtime?model=voice",
+        &[("authorization", &bearer)],
+    )
+    .await
+    .unwrap();
     assert!(!head.headers().contains_key("sec-websocket-protocol"));
     assert_eq!(event(&mut socket).await["session"]["type"], "realtime");
     let (text, _) = respond(&mut socket).await;
@@ -353,7 +404,10 @@ async fn a_tenant_opens_at_most_max_sessions_at_once() {
     .await;
     assert_eq!(status, 429, "{body}");
     assert_eq!(body["error"]["code"], "rate_limited");
-    assert!(body["error"]["message"].as_str().unwrap().contains("max_sessions"));
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_sessions"));
     assert_eq!(h.endpoint("rt-se").realtime_sessions(), 2);
     first.close(Some(normal())).await.unwrap();
     closed(&mut first).await;
@@ -434,7 +488,10 @@ async fn a_session_is_recorded_once_with_the_tokens_of_its_response_done_events(
     yaml.push_str(&extra);
     let h = Harness::start(vec![realtime("rt-se")], &yaml).await;
     let (mut socket, head) = connect(&h).await;
-    let request_id = head.headers()["x-onedoor-request-id"].to_str().unwrap().to_owned();
+    let request_id = head.headers()["x-onedoor-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     event(&mut socket).await;
     let (mut input, mut output) = (0, 0);
     for _ in 0..3 {
@@ -463,4 +520,24 @@ async fn a_session_is_recorded_once_with_the_tokens_of_its_response_done_events(
     let price = (input as f64 * 5.0 + output as f64 * 20.0) / 1e6;
     assert!((row.6 - price).abs() < 1e-12, "{} vs {price}", row.6);
     assert_eq!(row.7, 1);
+}
+
+#[tokio::test]
+async fn a_wss_backend_is_reached_over_tls_and_a_failed_tls_handshake_is_a_connect_error() {
+    // Whatever answers here is no TLS server: it takes the connection and hangs up.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            drop(stream);
+        }
+    });
+    let yaml = format!(
+        "backends:\n  - {{ name: tls, provider: azure, region: swedencentral, url: \"https://127.0.0.1:{port}\" }}\nmodels:\n  - name: voice\n    targets: [{{ backend: tls, deployment: gpt-rt }}]\nrouting: {{ same_target_retries: 0 }}\n"
+    );
+    let h = Harness::start(vec![], &yaml).await;
+    let (status, body, attempts) = refusal(&h, AZURE_BETA, &[("api-key", KEY)]).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_failed");
+    assert_eq!(attempts, "tls=connect_error");
 }

@@ -5,6 +5,8 @@
 //! shared limits hold again without a restart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// The shared harness re-exports the mock's `Behavior`, which these tests have no use for.
+#![allow(unused_imports)]
 
 mod common;
 mod instances;

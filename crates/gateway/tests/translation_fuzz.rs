@@ -81,7 +81,9 @@ fn mutate(rng: &mut StdRng, input: &[u8]) -> Vec<u8> {
 }
 
 fn noise(rng: &mut StdRng) -> Vec<u8> {
-    (0..rng.random_range(0..512)).map(|_| rng.random()).collect()
+    (0..rng.random_range(0..512))
+        .map(|_| rng.random())
+        .collect()
 }
 
 /// Every event of an emitted stream carries JSON (or `[DONE]`) data, or is a comment.
@@ -112,7 +114,7 @@ fn assert_well_formed(output: &[u8], what: &str, seed: u64) {
 fn inputs(rng: &mut StdRng, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     let answer = generate::answer(rng);
     let anthropic = generate::anthropic_stream(rng, &answer).into_bytes();
-    let openai = generate::openai_stream(rng, &answer, seed % 2 == 0).into_bytes();
+    let openai = generate::openai_stream(rng, &answer, seed.is_multiple_of(2)).into_bytes();
     let responses = format!(
         "event: response.created\ndata: {}\n\nevent: response.output_text.delta\ndata: {}\n\nevent: response.completed\ndata: {}\n\n",
         json!({"type": "response.created", "response": {"id": "resp_1"}}),
@@ -163,15 +165,55 @@ fn stream_translators_survive_random_and_mutated_input() {
 /// A JSON value of a random shape, with the keys translators look for.
 fn random_json(rng: &mut StdRng, depth: u32) -> Value {
     const KEYS: &[&str] = &[
-        "role", "content", "type", "text", "tool_calls", "function", "arguments", "name", "id",
-        "image_url", "url", "source", "media_type", "data", "tool_use_id", "tool_call_id", "input",
-        "messages", "system", "tools", "tool_choice", "parameters", "input_schema", "max_tokens",
-        "stop", "stop_sequences", "temperature", "choices", "message", "usage", "stream",
-        "parallel_tool_calls", "is_error", "n", "response_format", "user", "metadata",
+        "role",
+        "content",
+        "type",
+        "text",
+        "tool_calls",
+        "function",
+        "arguments",
+        "name",
+        "id",
+        "image_url",
+        "url",
+        "source",
+        "media_type",
+        "data",
+        "tool_use_id",
+        "tool_call_id",
+        "input",
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "parameters",
+        "input_schema",
+        "max_tokens",
+        "stop",
+        "stop_sequences",
+        "temperature",
+        "choices",
+        "message",
+        "usage",
+        "stream",
+        "parallel_tool_calls",
+        "is_error",
+        "n",
+        "response_format",
+        "user",
+        "metadata",
     ];
     const WORDS: &[&str] = &[
-        "user", "assistant", "tool", "system", "text", "image_url", "tool_use", "tool_result",
-        "image", "function",
+        "user",
+        "assistant",
+        "tool",
+        "system",
+        "text",
+        "image_url",
+        "tool_use",
+        "tool_result",
+        "image",
+        "function",
     ];
     match (depth, rng.random_range(0..8)) {
         (0, _) | (_, 0) => json!(generate::text_piece(rng)),
@@ -214,7 +256,7 @@ fn request_and_answer_translators_survive_random_and_mutated_bodies() {
         let mut rng = rng(10_000_000 + seed);
         let answer = generate::answer(&mut rng);
         let message = generate::anthropic_message(&answer).to_string();
-        let completion = generate::openai_completion(&answer, seed % 2 == 0).to_string();
+        let completion = generate::openai_completion(&answer, seed.is_multiple_of(2)).to_string();
         let nested = json!({"model": "m", "max_tokens": 3, "messages": random_json(&mut rng, 4)});
         let bodies = [
             mutate(&mut rng, chat.as_bytes()),

@@ -209,9 +209,7 @@ fn claude_events(events: &[Value]) -> Claude {
                 blocks.insert(index, (event["content_block"].clone(), String::new()));
             }
             "content_block_delta" => {
-                let (block, json) = blocks
-                    .get_mut(&index)
-                    .expect("a delta for a started block");
+                let (block, json) = blocks.get_mut(&index).expect("a delta for a started block");
                 match event["delta"]["type"].as_str() {
                     Some("text_delta") => {
                         let text = block["text"].as_str().unwrap_or_default().to_owned()
@@ -254,7 +252,7 @@ fn openai_answers_reach_anthropic_clients_the_same_whole_or_streamed() {
         let mut answer = generate::answer(&mut rng);
         // OpenAI has no cache-write bucket.
         answer.cache_write = 0;
-        let lax = seed % 3 == 0;
+        let lax = seed.is_multiple_of(3);
         let completion = generate::openai_completion(&answer, lax).to_string();
         let (whole, _) = translate::chat_answer(completion.as_bytes());
         let message = translate::messages_answer(&whole);

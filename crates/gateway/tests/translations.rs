@@ -167,8 +167,14 @@ fn tool_choice_and_max_tokens_map_each_way() {
         50
     );
     assert_eq!(ask(json!({"temperature": 0.3}))["temperature"], 0.3);
-    assert_eq!(ask(json!({"stop": "END"}))["stop_sequences"], json!(["END"]));
-    assert_eq!(ask(json!({"user": "jo@example.com"}))["metadata"], Value::Null);
+    assert_eq!(
+        ask(json!({"stop": "END"}))["stop_sequences"],
+        json!(["END"])
+    );
+    assert_eq!(
+        ask(json!({"user": "jo@example.com"}))["metadata"],
+        Value::Null
+    );
 }
 
 #[test]
@@ -191,7 +197,8 @@ fn what_anthropic_cannot_say_is_refused_with_the_reason() {
     let refused = |body: Value| {
         translate::chat_request_to_anthropic(body.to_string().as_bytes(), "claude").unwrap_err()
     };
-    let user = |content: Value| json!({"model": "m", "messages": [{"role": "user", "content": content}]});
+    let user =
+        |content: Value| json!({"model": "m", "messages": [{"role": "user", "content": content}]});
     let audio = json!([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]);
     assert!(refused(user(audio)).contains("input_audio"));
     let pdf = json!([{"type": "image_url", "image_url": {"url": "data:application/pdf;base64,JVBERi0x"}}]);
@@ -306,20 +313,41 @@ fn anthropic_errors_get_the_openai_envelope_and_codes_routing_reads() {
             json!({"error": {"message": message, "type": expected["type"], "param": null, "code": expected["code"]}})
         );
     }
-    assert_eq!(translate::anthropic_error(br#"{"error":{"code":"x"}}"#), None);
+    assert_eq!(
+        translate::anthropic_error(br#"{"error":{"code":"x"}}"#),
+        None
+    );
 }
 
 // --- Anthropic stream -> OpenAI chunks ------------------------------------------------------------
 
 fn text_stream() -> Vec<u8> {
     sse(&[
-        ("message_start", json!({"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 12, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4, "output_tokens": 1}}})),
-        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_01", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929", "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 12, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 4, "output_tokens": 1}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
         ("ping", json!({"type": "ping"})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "! How are you?"}})),
-        ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-        ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 30}})),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello"}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "! How are you?"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 30}}),
+        ),
         ("message_stop", json!({"type": "message_stop"})),
     ])
 }
@@ -342,7 +370,11 @@ fn an_anthropic_text_stream_becomes_openai_chunks() {
     assert_eq!(data(&out.output), expected);
     let usage = out.usage;
     assert_eq!(
-        (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
+        (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens
+        ),
         (16, 30, 4)
     );
     assert_eq!(usage.source.as_str(), "measured");
@@ -366,17 +398,50 @@ fn the_usage_chunk_comes_after_the_finish_when_the_client_asked() {
 #[test]
 fn anthropic_tool_blocks_get_a_running_openai_tool_index() {
     let stream = sse(&[
-        ("message_start", json!({"type": "message_start", "message": {"id": "msg_02", "model": "claude-haiku-4-5", "usage": {"input_tokens": 849, "output_tokens": 10}}})),
-        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "Checking."}})),
-        ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-        ("content_block_start", json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {}}})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"location\": "}})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}})),
-        ("content_block_stop", json!({"type": "content_block_stop", "index": 1})),
-        ("content_block_start", json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_b", "name": "get_time", "input": {}}})),
-        ("content_block_stop", json!({"type": "content_block_stop", "index": 2})),
-        ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"input_tokens": 849, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 47}})),
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_02", "model": "claude-haiku-4-5", "usage": {"input_tokens": 849, "output_tokens": 10}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "Checking."}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {}}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "{\"location\": "}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 1}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_b", "name": "get_time", "input": {}}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 2}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"input_tokens": 849, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 47}}),
+        ),
         ("message_stop", json!({"type": "message_stop"})),
     ]);
     let out = translate::anthropic_stream(&stream, false);
@@ -389,12 +454,27 @@ fn anthropic_tool_blocks_get_a_running_openai_tool_index() {
     let expected = vec![
         c(json!({"role": "assistant", "content": ""}), Value::Null),
         c(json!({"content": "Checking."}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "id": "toolu_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"location\": "}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 1, "id": "toolu_b", "type": "function", "function": {"name": "get_time", "arguments": ""}}]}), Value::Null),
+        c(
+            json!({"tool_calls": [{"index": 0, "id": "toolu_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"location\": "}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 1, "id": "toolu_b", "type": "function", "function": {"name": "get_time", "arguments": ""}}]}),
+            Value::Null,
+        ),
         // No fragments at all: the arguments are still a JSON object.
-        c(json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}), Value::Null),
+        c(
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}),
+            Value::Null,
+        ),
         c(json!({}), json!("tool_calls")),
         json!("[DONE]"),
     ];
@@ -409,7 +489,11 @@ fn anthropic_tool_blocks_get_a_running_openai_tool_index() {
 fn an_anthropic_error_event_becomes_an_openai_error_event() {
     let stream = text_stream();
     let text = String::from_utf8_lossy(&stream);
-    let cut = text.split("event: content_block_delta").next().unwrap().to_owned();
+    let cut = text
+        .split("event: content_block_delta")
+        .next()
+        .unwrap()
+        .to_owned();
     let mut stream = cut.into_bytes();
     stream.extend(sse(&[(
         "error",
@@ -475,21 +559,41 @@ fn a_well_formed_openai_stream_is_relayed_byte_for_byte() {
 
 #[test]
 fn a_lax_servers_tool_calls_are_repaired() {
-    let c = |delta: Value, finish: Value| json!({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let c = |delta: Value, finish: Value| {
+        json!({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
     let stream = chunks(&[
         c(json!({"role": "assistant"}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "id": "b", "type": "function", "function": {"name": "g", "arguments": ""}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"y\":2}"}}]}), Value::Null),
+        c(
+            json!({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 0, "id": "b", "type": "function", "function": {"name": "g", "arguments": ""}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"y\":2}"}}]}),
+            Value::Null,
+        ),
         c(json!({}), json!("stop")),
     ]);
     let out = translate::chat_stream(&stream, true);
     let expected = vec![
         c(json!({"role": "assistant"}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "g", "arguments": ""}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"y\":2}"}}]}), Value::Null),
+        c(
+            json!({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "g", "arguments": ""}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"y\":2}"}}]}),
+            Value::Null,
+        ),
         c(json!({}), json!("tool_calls")),
         // No usage came, and the client asked: the gateway's estimate.
         json!({"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
@@ -521,14 +625,26 @@ fn a_lax_servers_whole_answer_is_repaired() {
 #[test]
 fn a_responses_stream_is_relayed_as_it_came_and_its_usage_read() {
     let stream = sse(&[
-        ("response.created", json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress", "output": []}})),
-        ("response.output_text.delta", json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Hi"})),
-        ("response.completed", json!({"type": "response.completed", "sequence_number": 2, "response": {"id": "resp_1", "status": "completed",
-            "usage": {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 8}}})),
+        (
+            "response.created",
+            json!({"type": "response.created", "sequence_number": 0, "response": {"id": "resp_1", "status": "in_progress", "output": []}}),
+        ),
+        (
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Hi"}),
+        ),
+        (
+            "response.completed",
+            json!({"type": "response.completed", "sequence_number": 2, "response": {"id": "resp_1", "status": "completed",
+            "usage": {"input_tokens": 7, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 8}}}),
+        ),
     ]);
     let out = translate::responses_stream(&stream);
     assert_eq!(out.output, stream);
-    assert_eq!((out.usage.prompt_tokens, out.usage.completion_tokens), (7, 1));
+    assert_eq!(
+        (out.usage.prompt_tokens, out.usage.completion_tokens),
+        (7, 1)
+    );
 }
 
 // --- Anthropic Messages clients: Messages -> Chat Completions and back -----------------------------
@@ -612,7 +728,9 @@ fn a_chat_completion_becomes_a_message() {
         "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": "Calling.",
             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"location\":\"Paris\"}"}}]}}],
         "usage": {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29, "prompt_tokens_details": {"cached_tokens": 4}}});
-    let out = parse(&translate::messages_answer(completion.to_string().as_bytes()));
+    let out = parse(&translate::messages_answer(
+        completion.to_string().as_bytes(),
+    ));
     let expected = json!({"id": "chatcmpl-1", "type": "message", "role": "assistant", "model": "gpt-4o-2024-11-20",
         "content": [{"type": "text", "text": "Calling."}, {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"location": "Paris"}}],
         "stop_reason": "tool_use", "stop_sequence": null,
@@ -637,7 +755,8 @@ fn upstream_errors_reach_an_anthropic_client_in_its_shape() {
         parse(&translate::messages_error(400, azure_filter)),
         json!({"type": "error", "error": {"type": "invalid_request_error", "message": "The response was filtered"}})
     );
-    let azure_own = br#"{"error":{"code":"429","message":"Requests ... Please retry after 6 seconds."}}"#;
+    let azure_own =
+        br#"{"error":{"code":"429","message":"Requests ... Please retry after 6 seconds."}}"#;
     assert_eq!(
         parse(&translate::messages_error(429, azure_own))["error"]["type"],
         "rate_limit_error"
@@ -650,18 +769,32 @@ fn upstream_errors_reach_an_anthropic_client_in_its_shape() {
 
 #[test]
 fn openai_chunks_become_the_anthropic_event_sequence() {
-    let c = |delta: Value, finish: Value| json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], "usage": null});
+    let c = |delta: Value, finish: Value| {
+        json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], "usage": null})
+    };
     let mut stream = Vec::new();
     stream.extend(b"data: {\"id\":\"\",\"choices\":[],\"created\":0,\"model\":\"\",\"object\":\"\",\"prompt_filter_results\":[]}\n\n");
     for v in [
         c(json!({"role": "assistant", "content": ""}), Value::Null),
         c(json!({"content": "Calling"}), Value::Null),
         c(json!({"content": " get_weather."}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"location\""}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 0, "function": {"arguments": ":\"Paris\"}"}}]}), Value::Null),
-        c(json!({"tool_calls": [{"index": 1, "id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}), Value::Null),
+        c(
+            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"location\""}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": ":\"Paris\"}"}}]}),
+            Value::Null,
+        ),
+        c(
+            json!({"tool_calls": [{"index": 1, "id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]}),
+            Value::Null,
+        ),
         c(json!({}), json!("tool_calls")),
         json!({"id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4o", "choices": [],
             "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29}}),

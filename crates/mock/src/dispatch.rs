@@ -15,11 +15,11 @@ use tokio::sync::Notify;
 
 use crate::dialect::{self, Ctx, Op, Payload, Reject, Route, Wire};
 use crate::quota::{Limits, Snapshot};
+use crate::realtime::{self, Upgrade};
 use crate::reply::Reply;
+use crate::request::Chat;
 use crate::state::{lock, Deployment, Shared};
 use crate::stream::{self, Body, Watch};
-use crate::realtime::{self, Upgrade};
-use crate::request::Chat;
 use crate::{control, embeddings, openai, response, Behavior};
 
 /// Serves one request. `kill` asks the connection to die without an answer; an accepted

@@ -3,7 +3,8 @@
 //! side is not silently mirrored on the other.
 //!
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
-//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`).
+//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`). Azure and OpenAI
+//! endpoints also accept realtime WebSocket sessions at their dialect's realtime URLs.
 
 mod anthropic;
 mod azure;

@@ -324,7 +324,8 @@ fn call_id() -> String {
 }
 
 pub fn completion(chat: &Chat, reply: &Reply, model: &str) -> Value {
-    let mut message = json!({"role": "assistant", "content": reply.text(), "refusal": null, "annotations": []});
+    let mut message =
+        json!({"role": "assistant", "content": reply.text(), "refusal": null, "annotations": []});
     if !reply.tool_calls.is_empty() {
         let calls: Vec<Value> = reply
             .tool_calls

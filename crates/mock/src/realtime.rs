@@ -216,8 +216,7 @@ fn route(
     query: &str,
     headers: &HeaderMap,
 ) -> Result<(String, bool), Reject> {
-    let beta_header =
-        header(headers, "openai-beta").is_some_and(|v| v.contains("realtime=v1"));
+    let beta_header = header(headers, "openai-beta").is_some_and(|v| v.contains("realtime=v1"));
     let named = |key: &str| query_param(query, key).filter(|v| !v.is_empty());
     match (dialect, path.trim_end_matches('/')) {
         (Dialect::Azure, "/openai/realtime") => {
@@ -264,7 +263,9 @@ fn credential_in(headers: &HeaderMap, offered: &[String]) -> &'static str {
 
 fn websocket_accept(headers: &HeaderMap) -> Option<String> {
     let version_ok = header(headers, "sec-websocket-version").is_some_and(|v| v.trim() == "13");
-    let key = headers.get("sec-websocket-key").map(HeaderValue::as_bytes)?;
+    let key = headers
+        .get("sec-websocket-key")
+        .map(HeaderValue::as_bytes)?;
     version_ok.then(|| derive_accept_key(key))
 }
 
@@ -318,7 +319,9 @@ pub async fn run(stream: TcpStream, read_ahead: Bytes, accepted: Accepted, share
     counters.sessions.fetch_add(1, Ordering::Relaxed);
     counters.open.fetch_add(1, Ordering::Relaxed);
     let who = format!("{}/{}", shared.spec.name, accepted.deployment);
-    Session::new(ws, accepted, who, shared.clone()).serve().await;
+    Session::new(ws, accepted, who, shared.clone())
+        .serve()
+        .await;
     counters.open.fetch_sub(1, Ordering::Relaxed);
 }
 
@@ -343,7 +346,12 @@ enum Next {
 }
 
 impl Session {
-    fn new(ws: WebSocketStream<TcpStream>, accepted: Accepted, who: String, shared: Arc<Shared>) -> Self {
+    fn new(
+        ws: WebSocketStream<TcpStream>,
+        accepted: Accepted,
+        who: String,
+        shared: Arc<Shared>,
+    ) -> Self {
         Session {
             ws,
             shared,
@@ -592,7 +600,11 @@ fn item_chars(item: &Value) -> usize {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|part| part["text"].as_str().or_else(|| part["transcript"].as_str()))
+        .filter_map(|part| {
+            part["text"]
+                .as_str()
+                .or_else(|| part["transcript"].as_str())
+        })
         .map(|t| t.chars().count())
         .sum()
 }

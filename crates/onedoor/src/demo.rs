@@ -125,8 +125,9 @@ regions:
 backends:
 {backends}models:
   - name: chat-default
+    price: {{ input_per_1m: 2.50, output_per_1m: 10.00 }}
     targets:
-      - {{ backend: sub1-swedencentral-ptu, deployment: gpt-4o, priority: 1 }}
+      - {{ backend: sub1-swedencentral-ptu, deployment: gpt-4o, priority: 1, price: {{ input_per_1m: 0, output_per_1m: 0 }} }}
       - {{ backend: sub2-westeurope-throttled, deployment: gpt-4o, priority: 2 }}
       - {{ backend: sub1-francecentral, deployment: gpt-4o, priority: 2, weight: 3 }}
       - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2, weight: 1 }}
@@ -143,6 +144,9 @@ backends:
   - name: chat-mini
     targets:
       - {{ backend: sub1-francecentral, deployment: gpt-4o-mini }}
+  - name: claude
+    targets:
+      - {{ backend: anthropic-eu, model: claude-sonnet-4-5 }}
   - name: voice-default
     targets:
       - {{ backend: sub1-swedencentral-ptu, deployment: gpt-4o-realtime, priority: 1 }}
@@ -213,6 +217,20 @@ client = AzureOpenAI(azure_endpoint=os.environ["ONEDOOR_URL"], api_key=os.enviro
 reply = client.chat.completions.create(model="chat-default", messages=[{{"role": "user", "content": "Hello"}}])
 print(reply.choices[0].message.content)
 print(len(client.embeddings.create(model="embed-default", input="Hello").data[0].embedding), "dimensions")
+PY
+
+One API for every backend: the anthropic SDK (pip install anthropic) on /v1/messages against the
+Azure-backed alias, the openai SDK on "claude" (the Anthropic endpoint) and on the Responses API:
+
+python3 - <<'PY'
+import os
+from anthropic import Anthropic
+from openai import OpenAI
+claude_sdk = Anthropic(base_url=os.environ["ONEDOOR_URL"], api_key=os.environ["ONEDOOR_KEY"])
+print(claude_sdk.messages.create(model="chat-default", max_tokens=256, messages=[{{"role": "user", "content": "Hello"}}]).content[0].text)
+openai_sdk = OpenAI(base_url=os.environ["ONEDOOR_URL"] + "/v1", api_key=os.environ["ONEDOOR_KEY"])
+print(openai_sdk.chat.completions.create(model="claude", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
+print(openai_sdk.responses.create(model="chat-default", input="Hello").output_text)
 PY
 
 An alias with session affinity: the answer carries a session token (x-onedoor-session, and a

@@ -192,3 +192,17 @@ async fn a_half_open_breaker_gives_out_one_probe_and_backs_off_on_failure() {
     exact.close("x").await;
     assert_eq!(exact.breaker("x").await.unwrap().phase, BreakerPhase::Closed);
 }
+
+#[tokio::test]
+async fn a_pin_is_shared_through_redis_and_expires() {
+    let store = redis("pin").await;
+    assert_eq!(store.pinned("responses/resp_1").await, Ok(None));
+    store.pin("responses/resp_1", "sub1-se", 60_000).await;
+    assert_eq!(
+        store.pinned("responses/resp_1").await,
+        Ok(Some("sub1-se".to_owned()))
+    );
+    store.pin("responses/resp_2", "sub2-fr", 1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    assert_eq!(store.pinned("responses/resp_2").await, Ok(None));
+}

@@ -33,7 +33,9 @@ pub fn message(completion: &Value, usage: &Usage) -> Value {
     let reply = &choice["message"];
     let mut content = Vec::new();
     match &reply["content"] {
-        Value::String(text) if !text.is_empty() => content.push(json!({"type": "text", "text": text})),
+        Value::String(text) if !text.is_empty() => {
+            content.push(json!({"type": "text", "text": text}))
+        }
         Value::Array(parts) => {
             for part in parts.iter().filter_map(|p| p["text"].as_str()) {
                 content.push(json!({"type": "text", "text": part}));

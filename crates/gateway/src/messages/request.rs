@@ -124,7 +124,11 @@ fn image(source: &Value, i: usize) -> Result<Value, GatewayError> {
             source["data"].as_str().unwrap_or_default()
         ),
         Some("url") => source["url"].as_str().unwrap_or_default().to_owned(),
-        _ => return invalid(format!("messages.{i}: an image source must be base64 or url")),
+        _ => {
+            return invalid(format!(
+                "messages.{i}: an image source must be base64 or url"
+            ))
+        }
     };
     Ok(json!({"type": "image_url", "image_url": {"url": url}}))
 }

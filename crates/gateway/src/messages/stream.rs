@@ -108,7 +108,11 @@ impl Encoder {
             "content": [], "stop_reason": null, "stop_sequence": null,
             "usage": {"input_tokens": 0, "output_tokens": 0},
         });
-        named(out, "message_start", &json!({"type": "message_start", "message": message}));
+        named(
+            out,
+            "message_start",
+            &json!({"type": "message_start", "message": message}),
+        );
     }
 
     fn choice(&mut self, choice: &Value, out: &mut BytesMut) {
@@ -211,7 +215,9 @@ impl Encoder {
         let message = error["message"].as_str().unwrap_or("the stream failed");
         let kind = match error["code"].as_str() {
             Some(
-                code @ ("overloaded_error" | "rate_limit_error" | "api_error"
+                code @ ("overloaded_error"
+                | "rate_limit_error"
+                | "api_error"
                 | "invalid_request_error"),
             ) => code,
             _ => error_type(http::StatusCode::BAD_GATEWAY),

@@ -225,6 +225,9 @@ pub fn events(
             prompt,
             created,
         )),
-        _ => Box::new(openai_shaped::ChatEvents::new(request.include_usage, prompt)),
+        _ => Box::new(openai_shaped::ChatEvents::new(
+            request.include_usage,
+            prompt,
+        )),
     }
 }

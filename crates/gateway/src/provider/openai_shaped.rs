@@ -22,16 +22,15 @@ struct ToolIndex {
 impl ToolIndex {
     fn position(&mut self, upstream: u64, id: Option<&str>) -> u64 {
         let next = self.calls.len() as u64;
-        match self.calls.iter_mut().rev().find(|c| c.0 == upstream) {
-            Some(call) => match (id, call.1.as_deref()) {
+        if let Some(call) = self.calls.iter_mut().rev().find(|c| c.0 == upstream) {
+            match (id, call.1.as_deref()) {
                 (Some(id), Some(known)) if id != known => {}
                 (Some(id), None) => {
                     call.1 = Some(id.to_owned());
                     return call.2;
                 }
                 _ => return call.2,
-            },
-            None => {}
+            }
         }
         self.calls.push((upstream, id.map(str::to_owned), next));
         next

@@ -227,6 +227,8 @@ mod tests {
         let plain = HeaderMap::new();
         assert!(Ask::read(RealtimePath::OpenAi, "model=x", &plain).is_err());
         let no_alias = Ask::read(RealtimePath::Azure, "api-version=1", &upgrade(&[]));
-        assert!(matches!(no_alias, Err(GatewayError::InvalidRequest(m)) if m.contains("deployment")));
+        assert!(
+            matches!(no_alias, Err(GatewayError::InvalidRequest(m)) if m.contains("deployment"))
+        );
     }
 }

@@ -19,7 +19,10 @@ pub fn to_client(frame: Option<&CloseFrame>) -> CloseFrame {
         code @ (1000 | 1001 | 1003 | 1007 | 1008 | 1009 | 1011..=1014 | 3000..=4999) => {
             make(code, frame.reason.as_str())
         }
-        code => make(1011, &format!("upstream closed with code {code}: {}", frame.reason)),
+        code => make(
+            1011,
+            &format!("upstream closed with code {code}: {}", frame.reason),
+        ),
     }
 }
 
@@ -29,8 +32,13 @@ pub fn to_upstream(frame: Option<&CloseFrame>) -> CloseFrame {
         return make(1000, "");
     };
     match u16::from(frame.code) {
-        code @ (1000 | 1001 | 1003 | 1007..=1009 | 3000..=4999) => make(code, frame.reason.as_str()),
-        code => make(1000, &format!("client closed with code {code}: {}", frame.reason)),
+        code @ (1000 | 1001 | 1003 | 1007..=1009 | 3000..=4999) => {
+            make(code, frame.reason.as_str())
+        }
+        code => make(
+            1000,
+            &format!("client closed with code {code}: {}", frame.reason),
+        ),
     }
 }
 

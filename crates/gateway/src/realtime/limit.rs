@@ -55,8 +55,18 @@ pub async fn admit(
     key: &Key,
 ) -> Result<Slot, GatewayError> {
     let limits = [
-        (meter(&tenant.name, None), tenant.limits.max_sessions, "tenant", tenant.name.as_str()),
-        (meter(&tenant.name, Some(&key.id)), key.limits.max_sessions, "key", key.id.as_str()),
+        (
+            meter(&tenant.name, None),
+            tenant.limits.max_sessions,
+            "tenant",
+            tenant.name.as_str(),
+        ),
+        (
+            meter(&tenant.name, Some(&key.id)),
+            key.limits.max_sessions,
+            "key",
+            key.id.as_str(),
+        ),
     ];
     let meters: Vec<(MeterKey, MeterLimits)> = limits
         .iter()
@@ -92,7 +102,9 @@ pub async fn admit(
             let (scope, name) = limits
                 .iter()
                 .find(|(m, ..)| Some(m) == refusing.as_ref())
-                .map_or(("tenant", tenant.name.as_str()), |(_, _, scope, name)| (*scope, *name));
+                .map_or(("tenant", tenant.name.as_str()), |(_, _, scope, name)| {
+                    (*scope, *name)
+                });
             Err(GatewayError::RateLimited {
                 message: format!(
                     "rate limited: the {scope} `{name}` allows {} open realtime sessions at once (max_sessions); close one before opening another",

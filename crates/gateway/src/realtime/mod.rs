@@ -86,11 +86,7 @@ async fn accept(
     let started = Instant::now();
     let arrived_ms = onedoor_usage::now_ms();
     let snapshot = &runtime.snapshot;
-    let ask = Ask::read(
-        path,
-        request.uri().query().unwrap_or(""),
-        request.headers(),
-    )?;
+    let ask = Ask::read(path, request.uri().query().unwrap_or(""), request.headers())?;
     let caller = match (auth::presented_key(request.headers()), &ask.subprotocol_key) {
         (None, Some(key)) => auth::caller_of(snapshot, key)?,
         _ => auth::authenticate(snapshot, request.headers())?,
@@ -194,10 +190,7 @@ fn keep_realtime_capable(runtime: &Runtime, plan: &mut Plan) {
             .get(backend)
             .is_some_and(|b| b.provider != Provider::Anthropic)
     };
-    let (kept, left): (Vec<_>, Vec<_>) = plan
-        .candidates
-        .drain(..)
-        .partition(|c| serves(c.backend));
+    let (kept, left): (Vec<_>, Vec<_>) = plan.candidates.drain(..).partition(|c| serves(c.backend));
     plan.candidates = kept;
     plan.excluded
         .extend(left.into_iter().map(|c| (c, Excluded::Unsupported)));

@@ -87,9 +87,7 @@ pub struct Entered {
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        self.sessions
-            .open
-            .send_modify(|n| *n = n.saturating_sub(1));
+        self.sessions.open.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -228,7 +226,10 @@ impl Session {
             Err(error) => {
                 let frame = close::make(1001, "the client did not complete the upgrade");
                 let _ = upstream.close(Some(frame)).await;
-                (End::Gone(Side::Client, error.to_string()), SessionUsage::default())
+                (
+                    End::Gone(Side::Client, error.to_string()),
+                    SessionUsage::default(),
+                )
             }
         };
         let mut record = self.record;
@@ -313,10 +314,7 @@ where
             closing(&mut client, frame).await;
         }
         End::Idle(idle) => {
-            let reason = format!(
-                "no frame either way for {} (realtime.idle)",
-                written(*idle)
-            );
+            let reason = format!("no frame either way for {} (realtime.idle)", written(*idle));
             both(&mut client, &mut upstream, close::make(1000, &reason)).await;
         }
         End::MaxSession(max) => {
@@ -400,8 +398,11 @@ where
 }
 
 /// Closes both hops at once.
-async fn both<C, D, U, V>(client: &mut (&mut C, &mut D), upstream: &mut (&mut U, &mut V), frame: CloseFrame)
-where
+async fn both<C, D, U, V>(
+    client: &mut (&mut C, &mut D),
+    upstream: &mut (&mut U, &mut V),
+    frame: CloseFrame,
+) where
     C: Sink<Message, Error = WsError> + Unpin,
     D: Stream<Item = Result<Message, WsError>> + Unpin,
     U: Sink<Message, Error = WsError> + Unpin,
@@ -462,7 +463,9 @@ mod tests {
         usage.observe(r#"{"type":"response.text.delta","delta":"not json at all {"#);
         usage.observe(r#"{"type":"response.done","response":{"usage":{"total_tokens":30,"input_tokens":20,"output_tokens":10,"input_token_details":{"cached_tokens":4,"audio_tokens":6},"output_token_details":{"audio_tokens":3}}}}"#);
         usage.observe(r#"{"type": "response.done", "response": {"status": "cancelled", "usage": {"input_tokens": 5, "output_tokens": 1}}}"#);
-        usage.observe(r#"{"type":"conversation.item.created","item":{"content":[{"text":"response.done"}]}}"#);
+        usage.observe(
+            r#"{"type":"conversation.item.created","item":{"content":[{"text":"response.done"}]}}"#,
+        );
         assert_eq!(
             usage,
             SessionUsage {

@@ -161,8 +161,10 @@ fn failure(error: WsError) -> Failure {
         WsError::Protocol(error) => Failure::Status {
             status: StatusCode::BAD_GATEWAY,
             headers: HeaderMap::new(),
-            body: format!("the upstream's handshake answer is not a valid WebSocket upgrade: {error}")
-                .into(),
+            body: format!(
+                "the upstream's handshake answer is not a valid WebSocket upgrade: {error}"
+            )
+            .into(),
         },
         other => Failure::Reset(other.to_string()),
     }

@@ -12,13 +12,30 @@ pub fn rng(seed: u64) -> StdRng {
 }
 
 const PIECES: &[&str] = &[
-    "Hello", " world", ", ", "é", "ü", "日本", "🙂", "\"quoted\"", "\\", "\n", "{", "}", "tab\t", " ",
-    "data: ", "[DONE]", "\u{2028}",
+    "Hello",
+    " world",
+    ", ",
+    "é",
+    "ü",
+    "日本",
+    "🙂",
+    "\"quoted\"",
+    "\\",
+    "\n",
+    "{",
+    "}",
+    "tab\t",
+    " ",
+    "data: ",
+    "[DONE]",
+    "\u{2028}",
 ];
 
 pub fn text_piece(rng: &mut StdRng) -> String {
     let n = rng.random_range(1..4);
-    (0..n).map(|_| PIECES[rng.random_range(0..PIECES.len())]).collect()
+    (0..n)
+        .map(|_| PIECES[rng.random_range(0..PIECES.len())])
+        .collect()
 }
 
 fn json_leaf(rng: &mut StdRng) -> Value {
@@ -81,7 +98,9 @@ impl Answer {
 }
 
 pub fn answer(rng: &mut StdRng) -> Answer {
-    let pieces = (0..rng.random_range(0..6)).map(|_| text_piece(rng)).collect();
+    let pieces = (0..rng.random_range(0..6))
+        .map(|_| text_piece(rng))
+        .collect();
     let calls: Vec<Call> = (0..rng.random_range(0..4))
         .map(|i| Call {
             id: format!("toolu_{i}{}", rng.random_range(0..1_000_000)),
@@ -151,13 +170,25 @@ pub fn anthropic_stream(rng: &mut StdRng, a: &Answer) -> String {
     let mut out = String::new();
     let start_usage = json!({"input_tokens": a.input_tokens, "cache_read_input_tokens": a.cache_read,
         "cache_creation_input_tokens": a.cache_write, "output_tokens": 1});
-    named(&mut out, &json!({"type": "message_start", "message": {"id": "msg_prop", "type": "message", "role": "assistant",
-        "model": "claude-prop", "content": [], "stop_reason": null, "stop_sequence": null, "usage": start_usage}}));
+    named(
+        &mut out,
+        &json!({"type": "message_start", "message": {"id": "msg_prop", "type": "message", "role": "assistant",
+        "model": "claude-prop", "content": [], "stop_reason": null, "stop_sequence": null, "usage": start_usage}}),
+    );
     let mut index = 0;
     if rng.random_bool(0.3) {
-        named(&mut out, &json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}}));
-        named(&mut out, &json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": "hmm"}}));
-        named(&mut out, &json!({"type": "content_block_stop", "index": index}));
+        named(
+            &mut out,
+            &json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}}),
+        );
+        named(
+            &mut out,
+            &json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": "hmm"}}),
+        );
+        named(
+            &mut out,
+            &json!({"type": "content_block_stop", "index": index}),
+        );
         index += 1;
     }
     if !a.text().is_empty() {
@@ -165,31 +196,56 @@ pub fn anthropic_stream(rng: &mut StdRng, a: &Answer) -> String {
             true => (a.pieces[0].clone(), &a.pieces[1..]),
             false => (String::new(), &a.pieces[..]),
         };
-        named(&mut out, &json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": first}}));
+        named(
+            &mut out,
+            &json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": first}}),
+        );
         for piece in rest {
             if rng.random_bool(0.2) {
                 named(&mut out, &json!({"type": "ping"}));
             }
-            named(&mut out, &json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}}));
+            named(
+                &mut out,
+                &json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": piece}}),
+            );
         }
-        named(&mut out, &json!({"type": "content_block_stop", "index": index}));
+        named(
+            &mut out,
+            &json!({"type": "content_block_stop", "index": index}),
+        );
         index += 1;
     }
     for c in &a.calls {
-        named(&mut out, &json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}}));
+        named(
+            &mut out,
+            &json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}}),
+        );
         let input = c.input.to_string();
-        let input = if input == "{}" && rng.random_bool(0.5) { String::new() } else { input };
+        let input = if input == "{}" && rng.random_bool(0.5) {
+            String::new()
+        } else {
+            input
+        };
         for fragment in fragments(rng, &input) {
-            named(&mut out, &json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": fragment}}));
+            named(
+                &mut out,
+                &json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": fragment}}),
+            );
         }
-        named(&mut out, &json!({"type": "content_block_stop", "index": index}));
+        named(
+            &mut out,
+            &json!({"type": "content_block_stop", "index": index}),
+        );
         index += 1;
     }
     let usage = match rng.random_bool(0.5) {
         true => anthropic_usage(a),
         false => json!({"output_tokens": a.output_tokens}),
     };
-    named(&mut out, &json!({"type": "message_delta", "delta": {"stop_reason": a.stop, "stop_sequence": null}, "usage": usage}));
+    named(
+        &mut out,
+        &json!({"type": "message_delta", "delta": {"stop_reason": a.stop, "stop_sequence": null}, "usage": usage}),
+    );
     named(&mut out, &json!({"type": "message_stop"}));
     out
 }
@@ -202,7 +258,11 @@ fn openai_usage(a: &Answer) -> Value {
 
 /// The whole `chat.completion`; `lax` sends arguments as objects and `stop` after tool calls.
 pub fn openai_completion(a: &Answer, lax: bool) -> Value {
-    let content = if a.text().is_empty() && !a.calls.is_empty() { Value::Null } else { json!(a.text()) };
+    let content = if a.text().is_empty() && !a.calls.is_empty() {
+        Value::Null
+    } else {
+        json!(a.text())
+    };
     let mut message = json!({"role": "assistant", "content": content});
     if !a.calls.is_empty() {
         let calls: Vec<Value> = a
@@ -215,7 +275,11 @@ pub fn openai_completion(a: &Answer, lax: bool) -> Value {
             .collect();
         message["tool_calls"] = json!(calls);
     }
-    let finish = if lax && !a.calls.is_empty() { "stop" } else { a.finish_reason() };
+    let finish = if lax && !a.calls.is_empty() {
+        "stop"
+    } else {
+        a.finish_reason()
+    };
     json!({"id": "chatcmpl-prop", "object": "chat.completion", "created": 1, "model": "gpt-prop",
         "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": openai_usage(a)})
 }
@@ -232,22 +296,42 @@ pub fn openai_stream(rng: &mut StdRng, a: &Answer, lax: bool) -> String {
     if rng.random_bool(0.3) {
         out.push_str("data: {\"id\":\"\",\"choices\":[],\"created\":0,\"model\":\"\",\"object\":\"\",\"prompt_filter_results\":[]}\n\n");
     }
-    chunk(&mut out, delta(json!({"role": "assistant", "content": ""}), Value::Null), Value::Null);
+    chunk(
+        &mut out,
+        delta(json!({"role": "assistant", "content": ""}), Value::Null),
+        Value::Null,
+    );
     for piece in &a.pieces {
-        chunk(&mut out, delta(json!({"content": piece}), Value::Null), Value::Null);
+        chunk(
+            &mut out,
+            delta(json!({"content": piece}), Value::Null),
+            Value::Null,
+        );
     }
     for (i, c) in a.calls.iter().enumerate() {
         let index = if lax { 0 } else { i };
         let arguments = c.input.to_string();
         let parts = fragments(rng, &arguments);
         let first = json!({"index": index, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": parts[0]}});
-        chunk(&mut out, delta(json!({"tool_calls": [first]}), Value::Null), Value::Null);
+        chunk(
+            &mut out,
+            delta(json!({"tool_calls": [first]}), Value::Null),
+            Value::Null,
+        );
         for part in &parts[1..] {
             let next = json!({"index": index, "function": {"arguments": part}});
-            chunk(&mut out, delta(json!({"tool_calls": [next]}), Value::Null), Value::Null);
+            chunk(
+                &mut out,
+                delta(json!({"tool_calls": [next]}), Value::Null),
+                Value::Null,
+            );
         }
     }
-    let finish = if lax && !a.calls.is_empty() { "stop" } else { a.finish_reason() };
+    let finish = if lax && !a.calls.is_empty() {
+        "stop"
+    } else {
+        a.finish_reason()
+    };
     chunk(&mut out, delta(json!({}), json!(finish)), Value::Null);
     chunk(&mut out, json!([]), openai_usage(a));
     out.push_str("data: [DONE]\n\n");

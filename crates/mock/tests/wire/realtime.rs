@@ -11,9 +11,11 @@ use tokio_tungstenite::WebSocketStream;
 type Socket = WebSocketStream<TcpStream>;
 
 async fn fleet(spec: EndpointSpec) -> Fleet {
-    Fleet::start(vec![spec.deployment(DeploymentSpec::new("gpt-rt").model("gpt-realtime"))])
-        .await
-        .unwrap()
+    Fleet::start(vec![
+        spec.deployment(DeploymentSpec::new("gpt-rt").model("gpt-realtime"))
+    ])
+    .await
+    .unwrap()
 }
 
 /// Opens a WebSocket to `path` on the fleet's only endpoint with `headers`.
@@ -21,16 +23,20 @@ async fn connect(
     fleet: &Fleet,
     path: &str,
     headers: &[(&str, &str)],
-) -> Result<(Socket, tokio_tungstenite::tungstenite::handshake::client::Response), Error> {
+) -> Result<
+    (
+        Socket,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    Error,
+> {
     let addr = fleet.endpoints()[0].addr();
     let mut request = format!("ws://{addr}{path}").into_client_request().unwrap();
     for (name, value) in headers {
-        request
-            .headers_mut()
-            .insert(
-                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_str(value).unwrap(),
-            );
+        request.headers_mut().insert(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
     }
     let stream = TcpStream::connect(addr).await.unwrap();
     tokio_tungstenite::client_async(request, stream).await
@@ -82,7 +88,10 @@ async fn an_azure_beta_session_greets_answers_in_deltas_and_reports_usage() {
     let item = json!({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
         "content": [{"type": "input_text", "text": "Say hello please"}]}});
     send(&mut socket, item).await;
-    assert_eq!(event(&mut socket).await["type"], "conversation.item.created");
+    assert_eq!(
+        event(&mut socket).await["type"],
+        "conversation.item.created"
+    );
     let events = response(&mut socket).await;
     let text: String = events
         .iter()
@@ -115,7 +124,9 @@ async fn the_ga_protocol_uses_output_text_deltas_and_a_bearer_key() {
         .unwrap();
     assert_eq!(event(&mut socket).await["session"]["type"], "realtime");
     let events = response(&mut socket).await;
-    assert!(events.iter().any(|e| e["type"] == "response.output_text.delta"));
+    assert!(events
+        .iter()
+        .any(|e| e["type"] == "response.output_text.delta"));
     assert!(!events.iter().any(|e| e["type"] == "response.text.delta"));
 }
 
@@ -149,7 +160,9 @@ async fn handshakes_are_refused_like_requests_with_the_dialects_bodies() {
 #[tokio::test]
 async fn binary_frames_echo_pings_are_answered_and_a_command_closes_with_its_code() {
     let fleet = fleet(EndpointSpec::openai("oai", "us")).await;
-    let (mut socket, _) = connect(&fleet, "/v1/realtime?model=gpt-rt", &[]).await.unwrap();
+    let (mut socket, _) = connect(&fleet, "/v1/realtime?model=gpt-rt", &[])
+        .await
+        .unwrap();
     event(&mut socket).await;
     let audio = vec![7u8; 200_000];
     socket.send(Message::binary(audio.clone())).await.unwrap();
@@ -157,12 +170,19 @@ async fn binary_frames_echo_pings_are_answered_and_a_command_closes_with_its_cod
         socket.next().await.unwrap().unwrap(),
         Message::binary(audio)
     );
-    socket.send(Message::Ping("are you there".into())).await.unwrap();
+    socket
+        .send(Message::Ping("are you there".into()))
+        .await
+        .unwrap();
     assert_eq!(
         socket.next().await.unwrap().unwrap(),
         Message::Pong("are you there".into())
     );
-    send(&mut socket, json!({"type": "mock.close", "code": 4000, "reason": "told to"})).await;
+    send(
+        &mut socket,
+        json!({"type": "mock.close", "code": 4000, "reason": "told to"}),
+    )
+    .await;
     let Message::Close(Some(frame)) = socket.next().await.unwrap().unwrap() else {
         panic!("the session closes");
     };

@@ -24,7 +24,9 @@ async fn openai(behavior: Behavior) -> (Fleet, String) {
 async fn an_openai_model_calls_the_offered_tool_with_schema_arguments() {
     let (_fleet, url) = openai(Behavior::default()).await;
     let ask = json!({"model": "gpt-4o", "messages": [user("weather?")], "tools": [weather_tool()]});
-    let answer = post(&format!("{url}/chat/completions"), &[], &ask).await.json();
+    let answer = post(&format!("{url}/chat/completions"), &[], &ask)
+        .await
+        .json();
     let choice = &answer["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     let call = &choice["message"]["tool_calls"][0];
@@ -65,7 +67,9 @@ async fn a_tool_result_is_quoted_in_the_reply() {
         {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]);
     let ask = json!({"model": "gpt-4o", "messages": messages, "tools": [weather_tool()]});
-    let answer = post(&format!("{url}/chat/completions"), &[], &ask).await.json();
+    let answer = post(&format!("{url}/chat/completions"), &[], &ask)
+        .await
+        .json();
     assert_eq!(answer["choices"][0]["finish_reason"], "stop");
     let text = answer["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.starts_with("Hello from oai/gpt-4o got 18C"), "{text}");
@@ -108,7 +112,8 @@ async fn an_anthropic_model_streams_text_then_tool_use_blocks() {
         .deployment(DeploymentSpec::new("claude-sonnet-4-5"));
     let fleet = Fleet::start(vec![spec]).await.unwrap();
     let url = format!("{}/v1/messages", fleet.endpoints()[0].url());
-    let tool = json!({"name": "get_weather", "input_schema": weather_tool()["function"]["parameters"]});
+    let tool =
+        json!({"name": "get_weather", "input_schema": weather_tool()["function"]["parameters"]});
     let ask = json!({"model": "claude-sonnet-4-5", "max_tokens": 100, "stream": true,
         "messages": [user("weather?")], "tools": [tool],
         "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}});

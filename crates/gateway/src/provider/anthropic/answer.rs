@@ -72,7 +72,9 @@ pub fn arguments(input: &Value) -> String {
 /// OpenAI client (and the gateway's routing) expects for that kind of error.
 pub fn error(body: &Value) -> Value {
     let error = &body["error"];
-    let message = error["message"].as_str().unwrap_or("the Anthropic backend failed");
+    let message = error["message"]
+        .as_str()
+        .unwrap_or("the Anthropic backend failed");
     let (kind, code) = match error["type"].as_str().unwrap_or_default() {
         "invalid_request_error" if message.contains("prompt is too long") => {
             ("invalid_request_error", json!("context_length_exceeded"))

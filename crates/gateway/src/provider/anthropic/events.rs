@@ -84,7 +84,10 @@ impl AnthropicEvents {
     fn arguments(&mut self, index: u64, fragment: &str, out: &mut Vec<(EventKind, Bytes)>) {
         self.completion_chars += fragment.chars().count();
         let delta = json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]});
-        out.push((EventKind::Content { finished: false }, self.delta(delta, None)));
+        out.push((
+            EventKind::Content { finished: false },
+            self.delta(delta, None),
+        ));
     }
 
     /// The usage chunk (when asked) and `[DONE]`.
@@ -126,7 +129,10 @@ impl AnthropicEvents {
                     "index": tool, "id": block["id"], "type": "function",
                     "function": {"name": block["name"], "arguments": ""},
                 }]});
-                out.push((EventKind::Content { finished: false }, self.delta(delta, None)));
+                out.push((
+                    EventKind::Content { finished: false },
+                    self.delta(delta, None),
+                ));
             }
             _ => {
                 self.blocks.insert(index, Block::Other);
@@ -168,7 +174,9 @@ impl AnthropicEvents {
 
     fn message_delta(&mut self, event: &Value, out: &mut Vec<(EventKind, Bytes)>) {
         let usage = &event["usage"];
-        let mut merged = self.usage.unwrap_or(Usage::estimated(self.prompt_estimate, 0));
+        let mut merged = self
+            .usage
+            .unwrap_or(Usage::estimated(self.prompt_estimate, 0));
         if let Some(output) = usage["output_tokens"].as_u64() {
             merged.completion_tokens = output;
             self.delta_seen = true;

@@ -102,7 +102,11 @@ fn conversation(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untransl
             "user" => ("user", user_blocks(&message["content"], i)?),
             "assistant" => ("assistant", assistant_blocks(message, i)?),
             "tool" => ("user", vec![tool_result(message)]),
-            other => return refuse(format!("messages[{i}]: the role `{other}` is not supported by Anthropic backends")),
+            other => {
+                return refuse(format!(
+                    "messages[{i}]: the role `{other}` is not supported by Anthropic backends"
+                ))
+            }
         };
         match turns.last_mut() {
             Some((last, existing)) if last == role => existing.extend(blocks),
@@ -128,16 +132,19 @@ fn conversation(messages: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Untransl
 
 /// Tool results answer the previous turn, so Anthropic wants them before anything else.
 fn results_first(blocks: Vec<Value>) -> Vec<Value> {
-    let (mut results, rest): (Vec<Value>, Vec<Value>) = blocks
-        .into_iter()
-        .partition(|b| b["type"] == "tool_result");
+    let (mut results, rest): (Vec<Value>, Vec<Value>) =
+        blocks.into_iter().partition(|b| b["type"] == "tool_result");
     results.extend(rest);
     results
 }
 
 fn trim_prefill(mut blocks: Vec<Value>) -> Vec<Value> {
     if let Some(last) = blocks.last_mut().filter(|b| b["type"] == "text") {
-        let trimmed = last["text"].as_str().unwrap_or_default().trim_end().to_owned();
+        let trimmed = last["text"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_end()
+            .to_owned();
         if trimmed.is_empty() {
             blocks.pop();
         } else {
@@ -163,7 +170,9 @@ fn text_blocks(content: &Value, i: usize) -> Result<Vec<Value>, Untranslatable> 
             }
             Ok(blocks)
         }
-        _ => refuse(format!("messages[{i}].content must be a string or an array of parts")),
+        _ => refuse(format!(
+            "messages[{i}].content must be a string or an array of parts"
+        )),
     }
 }
 
@@ -208,20 +217,29 @@ fn image(image_url: &Value, i: usize) -> Result<Value, Untranslatable> {
         .unwrap_or_default();
     if let Some(rest) = url.strip_prefix("data:") {
         let Some((declared, data)) = rest.split_once(";base64,") else {
-            return refuse(format!("messages[{i}]: an image data URL must be base64-encoded"));
+            return refuse(format!(
+                "messages[{i}]: an image data URL must be base64-encoded"
+            ));
         };
         let media_type = sniff_image(data).unwrap_or(declared);
-        if !matches!(media_type, "image/jpeg" | "image/png" | "image/gif" | "image/webp") {
+        if !matches!(
+            media_type,
+            "image/jpeg" | "image/png" | "image/gif" | "image/webp"
+        ) {
             return refuse(format!(
                 "messages[{i}]: images of type `{media_type}` are not supported by Anthropic backends (jpeg, png, gif, webp are)"
             ));
         }
-        return Ok(json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}));
+        return Ok(
+            json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}),
+        );
     }
     if url.starts_with("https://") || url.starts_with("http://") {
         return Ok(json!({"type": "image", "source": {"type": "url", "url": url}}));
     }
-    refuse(format!("messages[{i}]: an image URL must be a data: URL or an http(s) URL"))
+    refuse(format!(
+        "messages[{i}]: an image URL must be a data: URL or an http(s) URL"
+    ))
 }
 
 /// The media type the first bytes of base64 `data` announce.
@@ -253,7 +271,11 @@ fn decode_base64_prefix(text: &str) -> Vec<u8> {
     };
     let mut out = Vec::new();
     for quartet in text.as_bytes().chunks_exact(4) {
-        let Some(v) = quartet.iter().map(|c| value(*c)).collect::<Option<Vec<u8>>>() else {
+        let Some(v) = quartet
+            .iter()
+            .map(|c| value(*c))
+            .collect::<Option<Vec<u8>>>()
+        else {
             break;
         };
         let n = v.iter().fold(0u32, |n, d| (n << 6) | u32::from(*d));
@@ -286,7 +308,11 @@ fn assistant_blocks(message: &Value, i: usize) -> Result<Vec<Value>, Untranslata
                 }
             },
             value @ Value::Object(_) => value.clone(),
-            _ => return refuse(format!("messages[{i}]: tool call arguments must be a JSON string")),
+            _ => {
+                return refuse(format!(
+                    "messages[{i}]: tool call arguments must be a JSON string"
+                ))
+            }
         };
         blocks.push(json!({
             "type": "tool_use",
@@ -352,7 +378,11 @@ fn tool_choice(
             "auto" => json!({"type": "auto"}),
             "required" => json!({"type": "any"}),
             "none" => json!({"type": "none"}),
-            other => return refuse(format!("`tool_choice` `{other}` is not one of auto, required, none")),
+            other => {
+                return refuse(format!(
+                    "`tool_choice` `{other}` is not one of auto, required, none"
+                ))
+            }
         },
         Some(named) => match named["function"]["name"].as_str() {
             Some(name) => json!({"type": "tool", "name": name}),
