@@ -216,7 +216,7 @@ mod tests {
             problems("state: { key_prefix: \"a}b\" }\nrouting: { default_max_tokens: 0 }\n"),
             [
                 "1:22: expected 1 to 64 letters, digits, '-', '_', '.' or ':', found \"a}b\"",
-                "2:31: must be at least 1",
+                "2:32: must be at least 1",
             ]
         );
     }
