@@ -57,7 +57,10 @@ fn main() {
         let estimator = Estimator::for_model(model);
         let start = Instant::now();
         black_box(estimator.text("warm up"));
-        println!("| {encoding} | {:.1} ms |", start.elapsed().as_secs_f64() * 1000.0);
+        println!(
+            "| {encoding} | {:.1} ms |",
+            start.elapsed().as_secs_f64() * 1000.0
+        );
     }
     println!();
     println!("| encoding | text | bytes | tokens | median µs | µs per KB | MB/s |");

@@ -21,7 +21,8 @@ pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Bod
     if path == "/healthz" {
         return answer(StatusCode::OK, r#"{"status":"ok"}"#.into());
     }
-    if !authorized(&runtime, &request) {
+    let public = path == "/metrics" && runtime.snapshot.admin.metrics_public;
+    if !public && !authorized(&runtime, &request) {
         return answer(
             StatusCode::UNAUTHORIZED,
             r#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin.token>`","type":"authentication_error","param":null,"code":"invalid_api_key"}}"#.into(),
@@ -33,6 +34,17 @@ pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Bod
             StatusCode::OK,
             crate::admission::usage_view(&runtime).await.to_string(),
         ),
+        ("GET", "/metrics") => metrics(&runtime).await,
+        ("GET", p) if p.starts_with("/admin/traces/") => {
+            let id = p.trim_start_matches("/admin/traces/");
+            match crate::trace::find(&runtime, id).await {
+                Some(trace) => answer(StatusCode::OK, trace),
+                None => answer(
+                    StatusCode::NOT_FOUND,
+                    r#"{"error":{"message":"no such trace (unknown or expired)","type":"invalid_request_error","param":null,"code":"invalid_request"}}"#.into(),
+                ),
+            }
+        }
         ("POST", "/admin/reload") => reload(&live).await,
         ("POST", p) if p.ends_with("/drain") || p.ends_with("/undrain") => drain(&runtime, p),
         _ => answer(
@@ -59,6 +71,16 @@ fn answer(status: StatusCode, body: String) -> Response<Body> {
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+async fn metrics(runtime: &Runtime) -> Response<Body> {
+    let text = runtime.metrics.scrape(runtime).await;
+    let mut response = Response::new(full(Bytes::from(text)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     response
 }

@@ -17,8 +17,8 @@ use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
 use onedoor_state::{
-    Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement,
-    State, Store, Verdict,
+    Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, State,
+    Store, Verdict,
 };
 
 use crate::body::{Body, BoxError};
@@ -66,16 +66,19 @@ impl RateHeaders {
     }
 
     fn of(meters: &[(MeterKey, MeterLimits)], usage: &[MeterUsage]) -> Self {
-        let tightest = |pick: &dyn Fn(&MeterLimits, &MeterUsage) -> Option<(u64, u64)>| {
-            meters
-                .iter()
-                .zip(usage)
-                .filter_map(|((_, limits), used)| pick(limits, used))
-                .min_by_key(|(_, left)| *left)
-        };
+        let pairs = || meters.iter().map(|(_, limits)| limits).zip(usage);
+        let tightest = |found: Vec<(u64, u64)>| found.into_iter().min_by_key(|(_, left)| *left);
         RateHeaders {
-            requests: tightest(&|l, u| l.rpm.map(|cap| (cap, cap.saturating_sub(u.requests)))),
-            tokens: tightest(&|l, u| l.tpm.map(|cap| (cap, cap.saturating_sub(u.tokens)))),
+            requests: tightest(
+                pairs()
+                    .filter_map(|(l, u)| l.rpm.map(|cap| (cap, cap.saturating_sub(u.requests))))
+                    .collect(),
+            ),
+            tokens: tightest(
+                pairs()
+                    .filter_map(|(l, u)| l.tpm.map(|cap| (cap, cap.saturating_sub(u.tokens))))
+                    .collect(),
+            ),
         }
     }
 }
@@ -160,7 +163,12 @@ impl Admission {
 
     /// [`Admission::hold`] for a stream whose relay reports its usage when it ends: a measured
     /// usage reconciles the reservation (priced at `price`), anything else keeps the estimate.
-    pub fn hold_until_reported(self, body: Body, report: UsageReport, price: Option<Price>) -> Body {
+    pub fn hold_until_reported(
+        self,
+        body: Body,
+        report: UsageReport,
+        price: Option<Price>,
+    ) -> Body {
         self.hold_reporting(body, Some((report, price)))
     }
 
@@ -239,7 +247,11 @@ pub fn estimator(alias: &Alias, requested: &str) -> Estimator {
 
 /// Prompt tokens of `request` by the tokenizer; the rough byte estimate when the body is in a
 /// shape it does not count.
-pub async fn count_prompt(estimator: Estimator, request: &ClientRequest, operation: Operation) -> u64 {
+pub async fn count_prompt(
+    estimator: Estimator,
+    request: &ClientRequest,
+    operation: Operation,
+) -> u64 {
     let count = move |request: &ClientRequest| {
         let counted = match operation {
             Operation::Embeddings => request.field("input").and_then(|i| estimator.embeddings(i)),
@@ -484,9 +496,21 @@ fn limits_view(limits: &MeterLimits, used: &MeterUsage, now_ms: u64) -> serde_js
     };
     put("rpm", limits.rpm, used.requests, "rolling minute", None);
     put("tpm", limits.tpm, used.tokens, "rolling minute", None);
-    put("max_in_flight", limits.max_in_flight, used.in_flight, "now", None);
+    put(
+        "max_in_flight",
+        limits.max_in_flight,
+        used.in_flight,
+        "now",
+        None,
+    );
     let day = Some(onedoor_state::day_ends_in(now_ms));
-    put("tokens_per_day", limits.tokens_per_day, used.day_tokens, "UTC day", day);
+    put(
+        "tokens_per_day",
+        limits.tokens_per_day,
+        used.day_tokens,
+        "UTC day",
+        day,
+    );
     if let Some(cap) = limits.micro_usd_per_month {
         let dollars = |micro: u64| micro as f64 / 1e6;
         view.insert(
@@ -513,7 +537,10 @@ impl Holding {
         let Some(mut admission) = self.admission.take() else {
             return;
         };
-        let reported = self.report.as_ref().and_then(|(r, price)| Some((r.get()?, price)));
+        let reported = self
+            .report
+            .as_ref()
+            .and_then(|(r, price)| Some((r.get()?, price)));
         match reported {
             Some((usage, price)) if usage.source == UsageSource::Measured => {
                 admission.reconcile(usage.prompt_tokens, usage.completion_tokens, price.as_ref())

@@ -177,7 +177,11 @@ impl Continuation {
             };
             match probe {
                 Some(permit) => permit.settle(&observed, now_ms()).await,
-                None => breakers.record(candidate.backend, &observed, now_ms()).await,
+                None => {
+                    breakers
+                        .record(candidate.backend, &observed, now_ms())
+                        .await
+                }
             }
             match result {
                 Ok(Answer::Stream(relay)) => return Some(*relay),

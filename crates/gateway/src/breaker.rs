@@ -7,6 +7,7 @@
 //! costs no store call.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -171,6 +172,20 @@ pub struct Breaker {
     /// One per rule of the policy, same order; this instance's own observations.
     windows: Mutex<Vec<Window>>,
     known: Mutex<Known>,
+    /// The transitions this instance made, counted for metrics, in [`TRANSITIONS`] order.
+    transitions: [AtomicU64; 4],
+}
+
+/// The transitions a breaker counts: tripped open, half-open for a probe, re-opened after a
+/// failed probe, closed after a good one.
+pub const TRANSITIONS: [&str; 4] = ["open", "half_open", "reopen", "close"];
+
+impl Breaker {
+    fn count(&self, transition: usize) {
+        if let Some(counter) = self.transitions.get(transition) {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -187,6 +202,7 @@ impl Breaker {
             policy,
             windows: Mutex::new(windows),
             known: Mutex::new(Known::default()),
+            transitions: Default::default(),
         }
     }
 
@@ -212,16 +228,16 @@ impl Breaker {
         }
         let tripped = {
             let mut windows = lock(&self.windows);
-            let tripped = self
-                .policy
-                .rules
-                .iter()
-                .zip(windows.iter_mut())
-                .find_map(|(rule, window)| {
-                    window
-                        .push(rule, now, counts(rule, outcome))
-                        .then_some(rule)
-                });
+            let tripped =
+                self.policy
+                    .rules
+                    .iter()
+                    .zip(windows.iter_mut())
+                    .find_map(|(rule, window)| {
+                        window
+                            .push(rule, now, counts(rule, outcome))
+                            .then_some(rule)
+                    });
             if tripped.is_some() {
                 windows.iter_mut().for_each(Window::clear);
             }
@@ -233,6 +249,7 @@ impl Breaker {
         let (wait, _) = open_for(rule, outcome);
         let record = store.trip(&self.id, wait).await;
         self.learn(record.phase, now);
+        self.count(0);
         tracing::warn!(backend = %self.backend, rule = %rule.name, trip_ms = wait, "circuit breaker tripped");
     }
 
@@ -243,12 +260,14 @@ impl Breaker {
                 let (base, exact) = open_for(rule, outcome);
                 let record = store.reopen(&self.id, base, exact).await;
                 self.learn(record.phase, now);
+                self.count(2);
                 tracing::warn!(backend = %self.backend, rule = %rule.name, reopens = record.reopens, "circuit breaker probe failed: re-opened");
             }
             None => {
                 store.close(&self.id).await;
                 lock(&self.windows).iter_mut().for_each(Window::clear);
                 self.learn(BreakerPhase::Closed, now);
+                self.count(3);
                 tracing::info!(backend = %self.backend, "circuit breaker probe succeeded: closed");
             }
         }
@@ -361,6 +380,17 @@ impl Breakers {
         self.by_backend.get(backend).and_then(Option::as_ref)
     }
 
+    /// How often `backend`'s breaker made each of the [`TRANSITIONS`] here.
+    pub fn transitions(&self, backend: BackendId) -> Option<[u64; 4]> {
+        let breaker = self.get(backend)?;
+        Some(
+            breaker
+                .transitions
+                .each_ref()
+                .map(|c| c.load(Ordering::Relaxed)),
+        )
+    }
+
     /// The store record of `backend`'s breaker, for the routing view to read.
     pub fn record_id(&self, backend: BackendId) -> Option<&str> {
         self.get(backend).map(|b| b.id.as_str())
@@ -399,6 +429,7 @@ impl Breakers {
             }
             Claim::Probe => {
                 breaker.learn(BreakerPhase::HalfOpen { probing: true }, now);
+                breaker.count(1);
                 tracing::info!(backend = %breaker.backend, "circuit breaker half-open: one probe admitted");
                 Admission::Probe(ProbePermit {
                     backend,
@@ -567,10 +598,18 @@ mod tests {
         b.record(0, status(500)).await;
         b.record(1, status(500)).await;
         b.record(2, status(500)).await;
-        assert_eq!(b.state(3).await.0, BreakerState::Closed, "under min_requests");
+        assert_eq!(
+            b.state(3).await.0,
+            BreakerState::Closed,
+            "under min_requests"
+        );
         // 3 of 4 failed once the success counts in the denominator.
         b.record(3, Observed::Success).await;
-        assert_eq!(b.state(4).await.0, BreakerState::Closed, "a success never trips");
+        assert_eq!(
+            b.state(4).await.0,
+            BreakerState::Closed,
+            "a success never trips"
+        );
         b.record(5, status(500)).await;
         assert_eq!(b.state(6).await.0, BreakerState::Open);
 
@@ -581,7 +620,11 @@ mod tests {
         b.record(6, status(500)).await;
         b.record(7, status(500)).await;
         b.record(8, status(500)).await;
-        assert_eq!(b.state(9).await.0, BreakerState::Closed, "3 of 9 is under 50%");
+        assert_eq!(
+            b.state(9).await.0,
+            BreakerState::Closed,
+            "3 of 9 is under 50%"
+        );
     }
 
     #[tokio::test]
@@ -605,7 +648,10 @@ mod tests {
         };
         assert_eq!(probe.backend(), 0);
         assert!(matches!(b.admit(1001).await, Admission::Open { .. }));
-        assert_eq!(b.breakers.blocked_until(0, 1001), Some(1000 + PROBE_PENDING_MS));
+        assert_eq!(
+            b.breakers.blocked_until(0, 1001),
+            Some(1000 + PROBE_PENDING_MS)
+        );
         // A non-probe answer arriving now changes nothing.
         b.record(1002, Observed::Success).await;
         assert_eq!(b.state(1002).await.0, BreakerState::HalfOpen);
@@ -691,9 +737,15 @@ mod tests {
         let a = Rig::on(store.clone(), clock.clone(), rules());
         let b = Rig::on(store, clock, rules());
         a.record(0, status(500)).await;
-        assert!(matches!(b.admit(1).await, Admission::Closed), "b has not looked yet");
+        assert!(
+            matches!(b.admit(1).await, Admission::Closed),
+            "b has not looked yet"
+        );
         assert_eq!(b.state(1).await.0, BreakerState::Open);
-        assert!(matches!(b.admit(2).await, Admission::Open { until_ms: 1000 }));
+        assert!(matches!(
+            b.admit(2).await,
+            Admission::Open { until_ms: 1000 }
+        ));
         // Only one of them gets the probe.
         let (first, second) = (a.admit(1000).await, b.admit(1000).await);
         assert!(matches!(first, Admission::Probe(_)));
@@ -734,7 +786,10 @@ models:
         );
         before.record(0, &status(500), 0).await;
         let kept = Breakers::new(&parse(yaml("30s")), Some(&before), store.clone());
-        assert_eq!(kept.view(0, 0).await.map(|v| v.state), Some(BreakerState::Open));
+        assert_eq!(
+            kept.view(0, 0).await.map(|v| v.state),
+            Some(BreakerState::Open)
+        );
         let changed = Breakers::new(&parse(yaml("10s")), Some(&before), store);
         assert_eq!(
             changed.view(0, 0).await.map(|v| v.state),

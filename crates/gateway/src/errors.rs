@@ -63,7 +63,9 @@ pub enum GatewayError {
         message: String,
         period_ends_in: Duration,
     },
-    #[error("the shared state store is unreachable and on_store_error is fail_closed; retry shortly")]
+    #[error(
+        "the shared state store is unreachable and on_store_error is fail_closed; retry shortly"
+    )]
     StateUnavailable,
 }
 

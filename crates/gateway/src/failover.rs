@@ -25,6 +25,10 @@ const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct Trail {
     pub attempts: Vec<(String, String)>,
+    /// Time spent waiting on upstreams (to a stream's first content), for the overhead metric.
+    pub upstream: Duration,
+    /// The decision trace, when the request asked for one and may have it.
+    pub trace: Option<Box<crate::trace::Decision>>,
 }
 
 impl Trail {
@@ -176,11 +180,32 @@ impl<'a> Failover<'a> {
                 break;
             };
             if !self.admitted(i).await {
+                if let Some(trace) = trail.trace.as_mut() {
+                    trace.skipped(self.backend_name(&self.plan.candidates[i]), "breaker_open");
+                }
                 continue;
             }
             let candidate = self.plan.candidates[i].clone();
             let backend = self.backend_name(&candidate).to_owned();
-            match attempt(candidate.clone()).await {
+            let fitness = trail.trace.as_ref().map(|_| self.fitness(&candidate));
+            let began = Instant::now();
+            let attempted = attempt(candidate.clone()).await;
+            trail.upstream += began.elapsed();
+            if let (Some(trace), Some(fitness)) = (trail.trace.as_mut(), fitness) {
+                let (outcome, detail) = match &attempted {
+                    Ok(_) => ("200".to_owned(), None),
+                    Err(failure) => (failure.label(), Some(failure.detail().to_string())),
+                };
+                trace.attempt(
+                    &backend,
+                    &candidate.deployment,
+                    fitness,
+                    began,
+                    &outcome,
+                    detail,
+                );
+            }
+            match attempted {
                 Ok(value) => {
                     self.observe(i, Observed::Success).await;
                     trail.push(&backend, "200".into());

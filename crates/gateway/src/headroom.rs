@@ -78,6 +78,8 @@ pub struct Load {
     ramp_from_ms: AtomicU64,
     /// The backend's meter in the state store, when it has limits.
     meter: ArcSwapOption<Meter>,
+    /// Malformed upstream stream events dropped by relays (for metrics).
+    malformed_events: AtomicU64,
 }
 
 /// Where a backend with limits is counted for every instance.
@@ -150,6 +152,11 @@ impl Load {
             estimated_tokens,
             shared,
         }
+    }
+
+    /// Malformed upstream stream events dropped on this backend so far.
+    pub fn malformed_events(&self) -> u64 {
+        self.malformed_events.load(Ordering::Relaxed)
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -229,7 +236,12 @@ impl Load {
 
     /// The operator's view for `/admin/backends`: the shared counts when the backend is
     /// metered, else this instance's.
-    pub fn view(&self, limits: &Limits, shared: Option<MeterUsage>, now_ms: u64) -> serde_json::Value {
+    pub fn view(
+        &self,
+        limits: &Limits,
+        shared: Option<MeterUsage>,
+        now_ms: u64,
+    ) -> serde_json::Value {
         let (local_requests, local_tokens) = lock(&self.window).used(now_ms);
         let (in_flight, requests, tokens) = match shared {
             Some(u) => (u.in_flight, u.requests, u.tokens),
@@ -267,6 +279,11 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// A relay of this request dropped a malformed upstream event.
+    pub fn dropped_event(&self) {
+        self.load.malformed_events.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Charges the window with what the upstream measured when that is more than the estimate.
     /// Never less: upstreams charge their rate limits with the completion budget at admission
     /// (Azure counts `max_tokens` up front), so the estimate is what the backend's quota saw.

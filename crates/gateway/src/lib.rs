@@ -3,6 +3,7 @@
 //! state behind the `onedoor_state::State` trait.
 
 mod admin;
+mod access_log;
 mod admission;
 mod affinity;
 mod attempt;
@@ -15,6 +16,7 @@ mod fleet;
 mod headroom;
 mod health;
 mod messages;
+mod metrics;
 mod outcome;
 mod pipeline;
 mod provider;
@@ -28,6 +30,7 @@ mod runtime;
 mod server;
 mod session_token;
 mod stream;
+mod trace;
 mod surface;
 pub mod tokens;
 pub mod translate;

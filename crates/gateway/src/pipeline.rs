@@ -10,6 +10,7 @@ use hyper::body::Incoming;
 use onedoor_config::{Alias, Snapshot, Tenant};
 use tokio::time::Instant;
 
+use crate::access_log::{self, Line};
 use crate::admission::{self, RateHeaders};
 use crate::affinity;
 use crate::attempt::{Answer, Continuation, Dispatch};
@@ -26,6 +27,7 @@ use crate::router::{self, Candidate, Plan};
 use crate::runtime::Runtime;
 use crate::session_token;
 use crate::surface::{self, AliasSource, Dialect, Route};
+use crate::trace::{self, Decision};
 use crate::upstream::Failure;
 use crate::usage::{self, Usage, UsageReport};
 
@@ -46,6 +48,8 @@ struct Exchange {
     limits: Option<RateHeaders>,
     /// The answer's usage, once it is complete (a stream's when the stream ends).
     usage: Option<UsageReport>,
+    /// The request in its tenant's in-flight gauge.
+    entered: Option<crate::metrics::Entered>,
 }
 
 pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Response<Body> {
@@ -59,7 +63,9 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
         Ok(response) => response,
         Err(error) => error.into_response_in(surface::dialect_of(&path)),
     };
-    let response = decorate(response, &id, &exchange, &runtime.snapshot);
+    let mut response = decorate(response, &id, &exchange, &runtime.snapshot);
+    observe(&runtime, &id, &mut exchange, &mut response, started).await;
+    let entered = exchange.entered.take();
     let response = match (&exchange.tenant, &exchange.key_id) {
         (Some(tenant), Some(key_id)) => {
             let ended = Ended {
@@ -75,29 +81,56 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
                 estimate: exchange.estimate,
                 tokens: exchange.tokens,
                 usage: exchange.usage.clone(),
+                entered,
             };
             recording::hand_off(&runtime, ended, response)
         }
         _ => response,
     };
-    if exchange.alias.is_some()
-        || response.status().is_client_error()
-        || response.status().is_server_error()
-    {
-        tracing::info!(
-            request_id = %id,
-            %method,
-            path = %path,
-            tenant = exchange.tenant.as_deref().unwrap_or("-"),
-            key_id = exchange.key_id.as_deref().unwrap_or("-"),
-            alias = exchange.alias.as_deref().unwrap_or("-"),
-            status = response.status().as_u16(),
-            attempts = %exchange.trail.header(),
-            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
-            "request"
-        );
+    // Requests with a caller get their access-log line with their usage record.
+    let unrecorded = exchange.key_id.is_none();
+    if unrecorded && (response.status().is_client_error() || response.status().is_server_error()) {
+        let status = response.status().as_u16();
+        let mut line = Line::refused(&id, arrived_ms, status, error_code(&response));
+        line.alias = exchange.alias.as_deref();
+        line.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        access_log::write(&line);
+        tracing::debug!(%method, %path, status, "refused before a caller was known");
     }
     response
+}
+
+fn error_code(response: &Response<Body>) -> Option<&str> {
+    response
+        .headers()
+        .get("x-onedoor-error")
+        .and_then(|v| v.to_str().ok())
+}
+
+/// Counts the answered request in the metrics and keeps its decision trace, if it asked.
+async fn observe(
+    runtime: &Runtime,
+    id: &str,
+    exchange: &mut Exchange,
+    response: &mut Response<Body>,
+    started: Instant,
+) {
+    let status = response.status().as_u16();
+    let metrics = &runtime.metrics;
+    metrics.answered(
+        exchange.tenant.as_deref().unwrap_or("-"),
+        exchange.alias.as_deref().unwrap_or("-"),
+        status,
+        error_code(response),
+    );
+    metrics.attempted(&exchange.trail.attempts);
+    metrics.overhead(started.elapsed(), exchange.trail.upstream);
+    if let Some(decision) = exchange.trail.trace.take() {
+        trace::keep(runtime, *decision, id, status).await;
+        if let Ok(value) = HeaderValue::from_str(id) {
+            response.headers_mut().insert("x-onedoor-trace-id", value);
+        }
+    }
 }
 
 /// A unique id that sorts by time: 48 bits of Unix milliseconds, then 80 random bits, as 32 hex
@@ -142,6 +175,10 @@ async fn serve(
             let caller = auth::authenticate(snapshot, request.headers())?;
             exchange.tenant = Some(caller.tenant.name.clone());
             exchange.key_id = Some(caller.key.id.clone());
+            exchange.entered = Some(runtime.metrics.enter(&caller.tenant.name));
+            if trace::asked(request.headers(), caller.key) {
+                exchange.trail.trace = Some(Box::new(Decision::new(Instant::now())));
+            }
             let session = session_token::presented(request.headers());
             let body = read_body(request, snapshot.max_request_body).await?;
             let mut call = Call::new(runtime, caller, operation, dialect, alias, body)?;
@@ -252,7 +289,14 @@ impl<'a> Call<'a> {
         let runtime = self.dispatch.runtime.clone();
         let snapshot = &runtime.snapshot;
         exchange.alias = Some(self.name.clone());
-        let (alias, alias_index) = resolve(snapshot, &self.name, self.caller.tenant)?;
+        let resolved = resolve(snapshot, &self.name, self.caller.tenant);
+        if let Some(trace) = exchange.trail.trace.as_mut() {
+            trace.set("alias", match &resolved {
+                Ok((alias, index)) => serde_json::json!({"requested": self.name, "resolved": alias.name, "wildcard": index.is_none()}),
+                Err(error) => serde_json::json!({"requested": self.name, "refused": error.to_string()}),
+            });
+        }
+        let (alias, alias_index) = resolved?;
         let operation = self.dispatch.operation;
         let admitted = admission::admit(admission::Request {
             snapshot,
@@ -265,6 +309,18 @@ impl<'a> Call<'a> {
             operation,
         })
         .await;
+        if let Some(trace) = exchange.trail.trace.as_mut() {
+            let (limits, refused) = match &admitted {
+                Ok(admission) => (&admission.headers, None),
+                Err((error, limits)) => (limits, Some(error.code())),
+            };
+            trace.set("limits", serde_json::json!({
+                "tenant": self.caller.tenant.name,
+                "requests_per_minute": limits.requests.map(|(limit, remaining)| serde_json::json!({"limit": limit, "remaining": remaining})),
+                "tokens_per_minute": limits.tokens.map(|(limit, remaining)| serde_json::json!({"limit": limit, "remaining": remaining})),
+                "refused": refused,
+            }));
+        }
         let mut admission = admitted.map_err(|(error, limits)| {
             exchange.limits = Some(limits);
             error
@@ -308,6 +364,13 @@ impl<'a> Call<'a> {
             prompt,
             total: tokens,
         };
+        if let Some(trace) = exchange.trail.trace.as_mut() {
+            trace.plan(&runtime, &plan);
+            trace.set(
+                "tokens_estimated",
+                serde_json::json!({"prompt": prompt, "total": tokens}),
+            );
+        }
         let failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
         let (dispatch, request) = (&self.dispatch, &self.request);
         let outcome = failover
@@ -356,6 +419,15 @@ impl<'a> Call<'a> {
                 exchange.deployment = Some(candidate.deployment.clone());
                 exchange.usage = Some(usage::reported(usage));
                 exchange.tokens = Some(recording::tokens_of(&usage));
+                if let Some(trace) = exchange.trail.trace.as_mut() {
+                    trace.set(
+                        "tokens_measured",
+                        serde_json::json!({
+                            "input": usage.prompt_tokens, "output": usage.completion_tokens,
+                            "cached": usage.cached_tokens, "source": usage.source.as_str(),
+                        }),
+                    );
+                }
                 match usage.source {
                     usage::UsageSource::Measured => admission.reconcile(
                         usage.prompt_tokens,

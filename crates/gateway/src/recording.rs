@@ -15,7 +15,9 @@ use onedoor_usage::{Destination, Recorder, Source, Tokens, UsageRecord};
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use crate::access_log::{self, Line};
 use crate::body::{Body, BoxError};
+use crate::metrics::Metrics;
 use crate::runtime::Runtime;
 use crate::usage::{Usage, UsageReport, UsageSource};
 
@@ -29,8 +31,8 @@ pub fn start(snapshot: &Snapshot) -> Recorder {
 }
 
 /// The recorder a reloaded `snapshot` runs with: the running one unless `usage.store` (or its
-/// journal) changed. A replaced recorder is closed; records of requests still under way on it
-/// then go to its journal, which the next start with that store replays.
+/// journal) changed. A replaced recorder goes on taking the records of requests that started on
+/// it, and is closed with its successor at shutdown.
 pub fn carry_over(running: &Recorder, snapshot: &Snapshot) -> Recorder {
     let Ok(destination) = Destination::of(&snapshot.usage) else {
         return running.clone();
@@ -45,10 +47,7 @@ pub fn carry_over(running: &Recorder, snapshot: &Snapshot) -> Recorder {
             return running.clone();
         }
     };
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-        let old = running.clone();
-        handle.spawn(async move { old.close().await });
-    }
+    next.replaces(running);
     next
 }
 
@@ -78,6 +77,8 @@ pub struct Ended<'a> {
     /// The answer's usage as the gateway measured (or, lacking the upstream's, counted) it; a
     /// stream's is there once the stream has ended.
     pub usage: Option<UsageReport>,
+    /// The request in its tenant's in-flight gauge, until its record is written.
+    pub entered: Option<crate::metrics::Entered>,
 }
 
 /// The usage record's tokens for a gateway [`Usage`].
@@ -94,15 +95,26 @@ pub fn tokens_of(usage: &Usage) -> Tokens {
 }
 
 /// Records the request now, or for a stream when its body ends; returns the response to send.
-pub fn hand_off(runtime: &Runtime, ended: Ended<'_>, response: Response<Body>) -> Response<Body> {
+pub fn hand_off(
+    runtime: &Runtime,
+    mut ended: Ended<'_>,
+    response: Response<Body>,
+) -> Response<Body> {
     let recorder = &runtime.recorder;
     let stream = is_stream(&response);
     let mut pending = Pending::new(&runtime.snapshot, &ended, response.status().as_u16());
+    pending.metrics = Some(runtime.metrics.clone());
+    pending.entered = ended.entered.take();
+    pending.error = response
+        .headers()
+        .get("x-onedoor-error")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if !stream {
         let tokens = ended
             .tokens
             .unwrap_or_else(|| unmeasured(&ended, pending.status()));
-        recorder.record(pending.finish(tokens, None, false));
+        pending.deliver(recorder, tokens, None, false);
         return response;
     }
     pending.record.stream = true;
@@ -145,6 +157,12 @@ struct Pending {
     price: Option<Price>,
     started: Instant,
     estimate: Estimate,
+    /// Where the finished record's tokens, cost and timings are counted.
+    metrics: Option<std::sync::Arc<Metrics>>,
+    /// The answer's `x-onedoor-error`, for the access log.
+    error: Option<String>,
+    /// Leaves the tenant's in-flight gauge when the record is delivered.
+    entered: Option<crate::metrics::Entered>,
 }
 
 impl Pending {
@@ -185,11 +203,26 @@ impl Pending {
             price,
             started: ended.started,
             estimate: ended.estimate,
+            metrics: None,
+            error: None,
+            entered: None,
         }
     }
 
     fn status(&self) -> u16 {
         self.record.status
+    }
+
+    /// Finishes the record, counts it in the metrics and the access log, and records it.
+    fn deliver(self, recorder: &Recorder, tokens: Tokens, ttft: Option<Instant>, cut: bool) {
+        let metrics = self.metrics.clone();
+        let error = self.error.clone();
+        let record = self.finish(tokens, ttft, cut);
+        if let Some(metrics) = metrics {
+            metrics.finished(&record);
+        }
+        access_log::write(&Line::of(&record, error.as_deref()));
+        recorder.record(record);
     }
 
     fn finish(mut self, tokens: Tokens, ttft: Option<Instant>, cut: bool) -> UsageRecord {
@@ -335,7 +368,7 @@ impl Metered {
                 cached: 0,
                 source: Source::Estimated,
             });
-        recorder.record(pending.finish(tokens, self.seen.first_at, self.seen.cut));
+        pending.deliver(&recorder, tokens, self.seen.first_at, self.seen.cut);
     }
 }
 

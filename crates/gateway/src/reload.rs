@@ -84,6 +84,7 @@ impl Live {
                 }
                 let error = ReloadError::Invalid(problems);
                 tracing::error!("reload refused: {error}");
+                self.current().metrics.reloaded(false);
                 return Err(error);
             }
         };
@@ -103,6 +104,7 @@ impl Live {
             *probes = Some(Probes::plan(&next, self.shutdown.clone()));
         }
         let summary = Summary::of(&next.snapshot, needs_restart);
+        next.metrics.reloaded(true);
         self.runtime.store(Arc::new(next));
         tracing::info!(summary = %summary.text, "config reloaded");
         Ok(summary)

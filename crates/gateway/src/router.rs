@@ -141,7 +141,13 @@ pub async fn plan(
 async fn view_of(
     runtime: &Runtime,
     open: &[Candidate],
-) -> Result<(Vec<TargetView>, Vec<(BackendId, onedoor_state::BackendView)>), Unavailable> {
+) -> Result<
+    (
+        Vec<TargetView>,
+        Vec<(BackendId, onedoor_state::BackendView)>,
+    ),
+    Unavailable,
+> {
     let backends = &runtime.snapshot.backends;
     let name = |id: BackendId| backends.get(id).map_or("?", |b| b.name.as_str());
     let targets: Vec<(&str, &str)> = open

@@ -12,6 +12,7 @@ use onedoor_usage::Recorder;
 use crate::breaker::Breakers;
 use crate::fleet::Fleet;
 use crate::headroom::Load;
+use crate::metrics::Metrics;
 use crate::provider;
 use crate::realtime::Sessions;
 use crate::upstream::{client_fits, client_for, UpstreamClient};
@@ -35,6 +36,10 @@ pub struct Runtime {
     /// Open realtime sessions; shared by every runtime of the gateway, so shutdown reaches
     /// sessions that started on an older config.
     pub sessions: Arc<Sessions>,
+    /// The gateway's metrics; shared by every runtime of the gateway.
+    pub metrics: Arc<Metrics>,
+    /// Recent decision traces; shared by every runtime of the gateway.
+    pub traces: Arc<crate::trace::Traces>,
 }
 
 impl Runtime {
@@ -66,6 +71,8 @@ impl Runtime {
             breakers,
             recorder: Recorder::off(),
             sessions: Arc::default(),
+            metrics: Arc::default(),
+            traces: Arc::default(),
         }
     }
 
@@ -79,6 +86,8 @@ impl Runtime {
         next.breakers = Breakers::new(&next.snapshot, Some(&self.breakers), self.state.clone());
         next.recorder = crate::recording::carry_over(&self.recorder, &next.snapshot);
         next.sessions = self.sessions.clone();
+        next.metrics = self.metrics.clone();
+        next.traces = self.traces.clone();
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&backend.name) else {
                 continue;

@@ -307,6 +307,9 @@ impl Relay {
         match kind {
             EventKind::Malformed => {
                 self.malformed += 1;
+                if let Some(in_flight) = &self.in_flight {
+                    in_flight.dropped_event();
+                }
                 tracing::debug!("dropped a malformed upstream stream event");
                 return;
             }

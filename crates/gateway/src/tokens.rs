@@ -83,11 +83,25 @@ impl Estimator {
         let name = name.to_ascii_lowercase();
         let name = name.as_str();
         let o200k = [
-            "gpt-5", "gpt-4.1", "gpt-4.5", "gpt-4o", "chatgpt-4o-", "o1", "o3", "o4", "codex-mini",
+            "gpt-5",
+            "gpt-4.1",
+            "gpt-4.5",
+            "gpt-4o",
+            "chatgpt-4o-",
+            "o1",
+            "o3",
+            "o4",
+            "codex-mini",
             "gpt-oss-",
         ];
         let cl100k = [
-            "gpt-4", "gpt-3.5", "gpt-35", "text-embedding-", "davinci", "babbage", "text-davinci",
+            "gpt-4",
+            "gpt-3.5",
+            "gpt-35",
+            "text-embedding-",
+            "davinci",
+            "babbage",
+            "text-davinci",
             "code-davinci",
         ];
         let encoding = if starts(name, &o200k) {
@@ -262,7 +276,8 @@ impl Estimator {
             let function = tool.get("function").unwrap_or(tool);
             let name = function.get("name").and_then(|v| v.as_str()).unwrap_or("");
             let description = text_field(function, "description");
-            total += c.func_init + self.text(&format!("{name}:{}", trim_period(&description))) as i64;
+            total +=
+                c.func_init + self.text(&format!("{name}:{}", trim_period(&description))) as i64;
             let properties = function
                 .get("parameters")
                 .and_then(|p| p.get("properties"))
@@ -382,7 +397,9 @@ struct Source<'a> {
 fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
     match serde_json::from_str::<&str>(raw.get()) {
         Ok(s) => Some(Cow::Borrowed(s)),
-        Err(_) => serde_json::from_str::<String>(raw.get()).ok().map(Cow::Owned),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
     }
 }
 
@@ -428,11 +445,26 @@ mod tests {
 
     #[test]
     fn model_names_pick_the_encoding_of_their_family() {
-        assert_eq!(Estimator::for_model("gpt-4o-2024-11-20").encoding, Encoding::O200k);
-        assert_eq!(Estimator::for_model("gpt-35-turbo").encoding, Encoding::Cl100k);
-        assert_eq!(Estimator::for_model("gpt-4-turbo").encoding, Encoding::Cl100k);
-        assert_eq!(Estimator::for_model("GPT-4.1-mini").encoding, Encoding::O200k);
-        assert_eq!(Estimator::for_model("claude-sonnet-4-5").encoding, Encoding::Approximate);
+        assert_eq!(
+            Estimator::for_model("gpt-4o-2024-11-20").encoding,
+            Encoding::O200k
+        );
+        assert_eq!(
+            Estimator::for_model("gpt-35-turbo").encoding,
+            Encoding::Cl100k
+        );
+        assert_eq!(
+            Estimator::for_model("gpt-4-turbo").encoding,
+            Encoding::Cl100k
+        );
+        assert_eq!(
+            Estimator::for_model("GPT-4.1-mini").encoding,
+            Encoding::O200k
+        );
+        assert_eq!(
+            Estimator::for_model("claude-sonnet-4-5").encoding,
+            Encoding::Approximate
+        );
         assert_eq!(Estimator::for_model("prod-chat").encoding, Encoding::O200k);
     }
 
@@ -494,7 +526,10 @@ mod tests {
             };
             let estimate = Estimator::for_model(&case.model).chat(fields);
             if estimate != Some(case.prompt_tokens) {
-                wrong.push(format!("{} ({}): {estimate:?} != {}", case.name, case.model, case.prompt_tokens));
+                wrong.push(format!(
+                    "{} ({}): {estimate:?} != {}",
+                    case.name, case.model, case.prompt_tokens
+                ));
             }
         }
         assert!(wrong.is_empty(), "{wrong:#?}");

@@ -14,7 +14,9 @@ use common::*;
 use instances::*;
 
 fn backend(name: &str) -> String {
-    format!("  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\" }}\n")
+    format!(
+        "  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\" }}\n"
+    )
 }
 
 /// One backend `a` serving `chat`, and the team limited by `limits`, with `state`.
@@ -117,9 +119,19 @@ async fn a_deployment_one_instance_learned_is_missing_is_skipped_by_the_other_wi
     let on_b = chat_on(&h, &b, &chat_body("chat", false)).await;
     assert_eq!(on_b.status, 200);
     assert_eq!(on_b.attempts(), "has=200");
-    assert_eq!(h.endpoint("lacks").requests("gpt-4o"), 1, "B asked the backend A learned from");
+    assert_eq!(
+        h.endpoint("lacks").requests("gpt-4o"),
+        1,
+        "B asked the backend A learned from"
+    );
     let admin = admin_get_on(&h, &b, "/admin/backends").await;
-    assert!(admin.body.contains("\"not_served\":[{\"deployment\":\"gpt-4o\""), "{}", admin.body);
+    assert!(
+        admin
+            .body
+            .contains("\"not_served\":[{\"deployment\":\"gpt-4o\""),
+        "{}",
+        admin.body
+    );
 }
 
 #[tokio::test]

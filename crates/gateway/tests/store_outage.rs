@@ -65,7 +65,10 @@ impl OwnRedis {
             let _ = child.kill();
             let _ = child.wait();
         }
-        assert!(!answers_ping(self.port), "redis-server still answers after kill");
+        assert!(
+            !answers_ping(self.port),
+            "redis-server still answers after kill"
+        );
     }
 
     fn url(&self) -> String {
@@ -111,11 +114,17 @@ async fn fail_open_serves_with_local_limits_while_redis_is_down_and_shares_again
     ];
     let h = Arc::new(h);
     let body = chat_body("chat", false);
-    assert_eq!(tally(&spread(&h, &gateways, body.clone(), 15, 4).await), (10, 5, 0));
+    assert_eq!(
+        tally(&spread(&h, &gateways, body.clone(), 15, 4).await),
+        (10, 5, 0)
+    );
 
     redis.stop();
     // Each instance now holds the limit on its own: 10 each.
-    assert_eq!(tally(&spread(&h, &gateways, body.clone(), 30, 4).await), (20, 10, 0));
+    assert_eq!(
+        tally(&spread(&h, &gateways, body.clone(), 30, 4).await),
+        (20, 10, 0)
+    );
     for gateway in &gateways {
         let (status, ready) = readiness(&h, gateway).await;
         assert_eq!(status, 200, "fail_open stays ready: {ready}");
@@ -137,7 +146,8 @@ async fn fail_open_serves_with_local_limits_while_redis_is_down_and_shares_again
 }
 
 #[tokio::test]
-async fn fail_closed_answers_503_state_unavailable_while_redis_is_down_and_serves_when_it_is_back() {
+async fn fail_closed_answers_503_state_unavailable_while_redis_is_down_and_serves_when_it_is_back()
+{
     let mut redis = OwnRedis::start(closed_port());
     let h = Harness::start(
         vec![EndpointSpec::azure("a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))],
@@ -155,7 +165,11 @@ async fn fail_closed_answers_503_state_unavailable_while_redis_is_down_and_serve
     let (status, ready) = readiness(&h, &h.gateway).await;
     assert_eq!((status, ready["status"].as_str()), (503, Some("not_ready")));
     assert_eq!(ready["state"]["mode"], "fail_closed");
-    assert_eq!(h.endpoint("a").requests("gpt-4o"), 1, "nothing reached the upstream");
+    assert_eq!(
+        h.endpoint("a").requests("gpt-4o"),
+        1,
+        "nothing reached the upstream"
+    );
 
     let _redis = OwnRedis::start(redis.port);
     let back = until(Duration::from_secs(10), || async {

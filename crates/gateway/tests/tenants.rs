@@ -34,13 +34,21 @@ fn twenty_tokens() -> serde_json::Value {
 
 #[tokio::test]
 async fn an_rpm_limit_answers_429_rate_limited_with_retry_after_and_never_asks_upstream() {
-    let h = Harness::start(vec![azure("a", "swedencentral")], &config("    limits: { rpm: 3 }\n", "")).await;
+    let h = Harness::start(
+        vec![azure("a", "swedencentral")],
+        &config("    limits: { rpm: 3 }\n", ""),
+    )
+    .await;
     for left in ["2", "1", "0"] {
         let answer = h.chat("chat").await;
         assert_eq!(answer.status, 200, "{}", answer.body);
         assert_eq!(answer.header("x-ratelimit-limit-requests"), "3");
         assert_eq!(answer.header("x-ratelimit-remaining-requests"), left);
-        assert_eq!(answer.header("x-ratelimit-limit-tokens"), "", "no tpm, no token headers");
+        assert_eq!(
+            answer.header("x-ratelimit-limit-tokens"),
+            "",
+            "no tpm, no token headers"
+        );
     }
     let refused = h.chat("chat").await;
     assert_eq!(refused.status, 429);
@@ -60,21 +68,39 @@ async fn a_key_limit_tightens_the_tenant_limit() {
         &config("    limits: { rpm: 100 }\n", ", limits: { rpm: 2 }"),
     )
     .await;
-    assert_eq!(h.chat("chat").await.header("x-ratelimit-remaining-requests"), "1");
+    assert_eq!(
+        h.chat("chat")
+            .await
+            .header("x-ratelimit-remaining-requests"),
+        "1"
+    );
     assert_eq!(h.chat("chat").await.status, 200);
     let refused = h.chat("chat").await;
     assert_eq!(refused.status, 429);
-    let message = refused.json()["error"]["message"].as_str().unwrap().to_owned();
-    assert!(message.contains("key `team-key` allows 2 requests per minute"), "{message}");
+    let message = refused.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("key `team-key` allows 2 requests per minute"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
 async fn tpm_counts_the_estimate_then_the_measured_usage() {
-    let h = Harness::start(vec![azure("a", "swedencentral")], &config("    limits: { tpm: 50 }\n", "")).await;
+    let h = Harness::start(
+        vec![azure("a", "swedencentral")],
+        &config("    limits: { tpm: 50 }\n", ""),
+    )
+    .await;
     let first = h.post("/v1/chat/completions", twenty_tokens()).await;
     assert_eq!(first.status, 200);
     assert_eq!(first.header("x-ratelimit-remaining-tokens"), "30");
-    assert_eq!(h.post("/v1/chat/completions", twenty_tokens()).await.status, 200);
+    assert_eq!(
+        h.post("/v1/chat/completions", twenty_tokens()).await.status,
+        200
+    );
     let refused = h.post("/v1/chat/completions", twenty_tokens()).await;
     assert_eq!(refused.status, 429, "{}", refused.body);
     // A request that can never fit says so.
@@ -104,7 +130,11 @@ async fn max_in_flight_refuses_the_request_over_the_cap_while_one_is_under_way()
     assert!(eventually(|| h.endpoint("a").requests("gpt-4o") == 1).await);
     let second = h.chat("chat").await;
     assert_eq!(second.status, 429);
-    assert!(second.body.contains("1 requests in flight"), "{}", second.body);
+    assert!(
+        second.body.contains("1 requests in flight"),
+        "{}",
+        second.body
+    );
     assert_eq!(first.await.unwrap().status, 200);
     assert_eq!(h.chat("chat").await.status, 200, "the slot is free again");
 }
@@ -116,13 +146,23 @@ async fn tokens_per_day_is_a_period_quota_answered_403_quota_exceeded() {
         &config("    limits: { tokens_per_day: 45 }\n", ""),
     )
     .await;
-    assert_eq!(h.post("/v1/chat/completions", twenty_tokens()).await.status, 200);
-    assert_eq!(h.post("/v1/chat/completions", twenty_tokens()).await.status, 200);
+    assert_eq!(
+        h.post("/v1/chat/completions", twenty_tokens()).await.status,
+        200
+    );
+    assert_eq!(
+        h.post("/v1/chat/completions", twenty_tokens()).await.status,
+        200
+    );
     let refused = h.post("/v1/chat/completions", twenty_tokens()).await;
     assert_eq!(refused.status, 403, "{}", refused.body);
     assert_eq!(refused.code(), "quota_exceeded");
     assert_eq!(refused.json()["error"]["type"], "permission_error");
-    assert!(refused.body.contains("tokens_per_day of 45 has 40 used"), "{}", refused.body);
+    assert!(
+        refused.body.contains("tokens_per_day of 45 has 40 used"),
+        "{}",
+        refused.body
+    );
     let wait: u64 = refused.header("retry-after").parse().unwrap();
     assert!(wait <= 86_400);
     assert_eq!(h.endpoint("a").requests("gpt-4o"), 2);
@@ -137,14 +177,21 @@ async fn usd_per_month_charges_the_measured_tokens_at_the_target_price() {
     )
     .await;
     for _ in 0..2 {
-        assert_eq!(h.post("/v1/chat/completions", twenty_tokens()).await.status, 200);
+        assert_eq!(
+            h.post("/v1/chat/completions", twenty_tokens()).await.status,
+            200
+        );
     }
     let refused = h.post("/v1/chat/completions", twenty_tokens()).await;
     assert_eq!(refused.status, 403, "{}", refused.body);
     assert_eq!(refused.code(), "quota_exceeded");
     let admin = h.admin_get("/admin/tenants", Some(ADMIN_TOKEN)).await;
     let usd = &admin.json()["tenants"][0]["limits"]["usd_per_month"];
-    assert!((usd["used"].as_f64().unwrap() - 0.00022).abs() < 1e-9, "{}", admin.body);
+    assert!(
+        (usd["used"].as_f64().unwrap() - 0.00022).abs() < 1e-9,
+        "{}",
+        admin.body
+    );
     assert_eq!(usd["window"], "UTC month");
 }
 
@@ -170,7 +217,12 @@ async fn admin_tenants_shows_usage_against_every_limit_in_its_window() {
     assert_eq!(team["limits"]["tpm"]["used"], 40);
     assert_eq!(team["limits"]["max_in_flight"]["used"], 0);
     assert_eq!(team["limits"]["tokens_per_day"]["used"], 40);
-    assert!(team["limits"]["tokens_per_day"]["resets_in_ms"].as_u64().unwrap() <= 86_400_000);
+    assert!(
+        team["limits"]["tokens_per_day"]["resets_in_ms"]
+            .as_u64()
+            .unwrap()
+            <= 86_400_000
+    );
     assert_eq!(team["keys"][0]["id"], "team-key");
     assert_eq!(team["keys"][0]["limits"]["rpm"]["used"], 2);
     assert_eq!(body["state_store"]["store"], "memory");
@@ -216,7 +268,10 @@ async fn a_tenant_held_to_eu_never_reaches_a_us_backend_even_when_every_eu_backe
         .send(
             http::Method::POST,
             h.url("/v1/chat/completions"),
-            &[("authorization", &auth), ("content-type", "application/json")],
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
             bytes::Bytes::from(chat_body("chat", false).to_string()),
         )
         .await;
@@ -238,7 +293,9 @@ async fn a_tenant_whose_regions_have_no_backend_gets_503_with_the_reason() {
     assert_eq!(answer.status, 503);
     assert_eq!(answer.code(), "no_backend_available");
     assert!(
-        answer.body.contains("no backend in the regions this key may use serves `chat`"),
+        answer
+            .body
+            .contains("no backend in the regions this key may use serves `chat`"),
         "{}",
         answer.body
     );

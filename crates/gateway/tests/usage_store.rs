@@ -250,7 +250,12 @@ async fn a_postgres_outage_during_1000_requests_loses_no_record() {
     fleet.shutdown().await;
 
     let report = totals(&store, Vec::new()).await;
-    assert_eq!(report.total.requests, 1_000);
+    assert_eq!(
+        report.total.requests,
+        1_000,
+        "{} journal bytes left",
+        journal_len(&dir)
+    );
     assert_eq!(
         (report.total.input_tokens, report.total.output_tokens),
         (sent.prompt, sent.completion)

@@ -19,8 +19,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use breaker::{BreakerPhase, BreakerRecord, Claim};
 pub use memory::MemoryState;
 pub use meter::{
-    day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement,
-    Verdict,
+    day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal,
+    Reservation, Settlement, Verdict,
 };
 pub use redis::{OnError, RedisConfig, RedisState};
 pub use store::{Detached, Health, Store};

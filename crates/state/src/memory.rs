@@ -89,24 +89,49 @@ impl Meter {
     fn checks(&self, limits: &MeterLimits, usage: &MeterUsage, ask: &Ask, now: u64) -> Vec<Check> {
         let charge = ask.charge;
         let mut failing = Vec::new();
-        let mut over = |limit: Limit, used: u64, asked: u64, cap: Option<u64>, frees: &dyn Fn(u64) -> u64| {
-            if let Some(cap) = cap.filter(|cap| used + asked > *cap) {
-                failing.push(Check {
-                    limit,
-                    retry_after_ms: frees(cap),
-                    used,
-                    cap,
-                    asked,
-                });
-            }
-        };
-        over(Limit::TokensPerDay, usage.day_tokens, charge.tokens, limits.tokens_per_day, &|_| day_ends_in(now));
-        over(Limit::UsdPerMonth, usage.month_micro_usd, charge.micro_usd, limits.micro_usd_per_month, &|_| month_ends_in(now));
-        over(Limit::Rpm, usage.requests, 1, limits.rpm, &|cap| self.window.frees_in(now, cap, 1, false));
-        over(Limit::Tpm, usage.tokens, charge.tokens, limits.tpm, &|cap| {
-            self.window.frees_in(now, cap, charge.tokens, true)
+        let mut over =
+            |limit: Limit, used: u64, asked: u64, cap: Option<u64>, frees: &dyn Fn(u64) -> u64| {
+                if let Some(cap) = cap.filter(|cap| used + asked > *cap) {
+                    failing.push(Check {
+                        limit,
+                        retry_after_ms: frees(cap),
+                        used,
+                        cap,
+                        asked,
+                    });
+                }
+            };
+        over(
+            Limit::TokensPerDay,
+            usage.day_tokens,
+            charge.tokens,
+            limits.tokens_per_day,
+            &|_| day_ends_in(now),
+        );
+        over(
+            Limit::UsdPerMonth,
+            usage.month_micro_usd,
+            charge.micro_usd,
+            limits.micro_usd_per_month,
+            &|_| month_ends_in(now),
+        );
+        over(Limit::Rpm, usage.requests, 1, limits.rpm, &|cap| {
+            self.window.frees_in(now, cap, 1, false)
         });
-        over(Limit::MaxInFlight, usage.in_flight, 1, limits.max_in_flight, &|_| 1000);
+        over(
+            Limit::Tpm,
+            usage.tokens,
+            charge.tokens,
+            limits.tpm,
+            &|cap| self.window.frees_in(now, cap, charge.tokens, true),
+        );
+        over(
+            Limit::MaxInFlight,
+            usage.in_flight,
+            1,
+            limits.max_in_flight,
+            &|_| 1000,
+        );
         failing
     }
 }
@@ -265,7 +290,8 @@ impl MemoryState {
         let now = self.now();
         let (second, day) = (now / 1000, day_of(now));
         let month = month_of(day);
-        let meters: Vec<Arc<Mutex<Meter>>> = ask.meters.iter().map(|(k, _)| self.meter(k)).collect();
+        let meters: Vec<Arc<Mutex<Meter>>> =
+            ask.meters.iter().map(|(k, _)| self.meter(k)).collect();
         // Always locked in the ask's order (tenant before key), so two asks never deadlock.
         let mut guards: Vec<MutexGuard<'_, Meter>> = meters.iter().map(|m| lock(m)).collect();
         for guard in guards.iter_mut() {
@@ -489,10 +515,12 @@ mod tests {
     }
 
     fn target(state: &MemoryState, backend: &str, deployment: &str) -> TargetView {
-        state.routing_now(RoutingQuery {
-            targets: &[(backend, deployment)],
-            backends: &[],
-        }).targets[0]
+        state
+            .routing_now(RoutingQuery {
+                targets: &[(backend, deployment)],
+                backends: &[],
+            })
+            .targets[0]
     }
 
     #[test]
@@ -531,7 +559,9 @@ mod tests {
         state.cool_down_now(&TargetKey::new("b", "d"), 1_500);
         assert_eq!(
             target(&state, "b", "d").exclusion,
-            Some(Exclusion::CoolingDown { remaining_ms: 2_000 })
+            Some(Exclusion::CoolingDown {
+                remaining_ms: 2_000
+            })
         );
         assert_eq!(target(&state, "b", "other").exclusion, None);
     }
@@ -539,8 +569,20 @@ mod tests {
     fn ask(rpm: Option<u64>, tpm: Option<u64>, tokens: u64) -> Ask {
         Ask {
             meters: vec![
-                (MeterKey::tenant("t"), MeterLimits { rpm, ..MeterLimits::default() }),
-                (MeterKey::key("t", "k"), MeterLimits { tpm, ..MeterLimits::default() }),
+                (
+                    MeterKey::tenant("t"),
+                    MeterLimits {
+                        rpm,
+                        ..MeterLimits::default()
+                    },
+                ),
+                (
+                    MeterKey::key("t", "k"),
+                    MeterLimits {
+                        tpm,
+                        ..MeterLimits::default()
+                    },
+                ),
             ],
             charge: Charge {
                 tokens,
@@ -567,9 +609,19 @@ mod tests {
         assert_eq!(refusal.retry_after_ms, 60_000);
         assert_eq!(state.usage_now(&[MeterKey::tenant("t")])[0].requests, 1);
         // Settling at the measured 30 tokens makes room for the 50.
-        state.settle_now(&first, Settlement { tokens: 30, micro_usd: 0, release: true });
+        state.settle_now(
+            &first,
+            Settlement {
+                tokens: 30,
+                micro_usd: 0,
+                release: true,
+            },
+        );
         clock.store(101_000, Ordering::Relaxed);
-        assert!(matches!(state.admit_now(&ask(Some(2), Some(100), 50)), Verdict::Admitted(_)));
+        assert!(matches!(
+            state.admit_now(&ask(Some(2), Some(100), 50)),
+            Verdict::Admitted(_)
+        ));
         let Verdict::Refused(refusal) = state.admit_now(&ask(Some(2), None, 1)) else {
             panic!("rpm is full");
         };
@@ -588,7 +640,11 @@ mod tests {
         };
         let ask = |tokens| Ask {
             meters: vec![(MeterKey::tenant("t"), limits)],
-            charge: Charge { tokens, micro_usd: 0, lease_ms: 1 },
+            charge: Charge {
+                tokens,
+                micro_usd: 0,
+                lease_ms: 1,
+            },
             enforce: true,
         };
         assert!(matches!(state.admit_now(&ask(8)), Verdict::Admitted(_)));
@@ -603,18 +659,45 @@ mod tests {
     #[test]
     fn the_routing_view_reads_breakers_and_backend_meters() {
         let (state, clock) = clocked(0);
-        let backend = BackendQuery { name: "b", breaker: Some("b#p"), metered: true };
-        let view = |state: &MemoryState| state.routing_now(RoutingQuery { targets: &[], backends: &[backend] }).backends[0];
-        assert_eq!(view(&state), BackendView { breaker: Default::default(), usage: Some(MeterUsage::default()) });
+        let backend = BackendQuery {
+            name: "b",
+            breaker: Some("b#p"),
+            metered: true,
+        };
+        let view = |state: &MemoryState| {
+            state
+                .routing_now(RoutingQuery {
+                    targets: &[],
+                    backends: &[backend],
+                })
+                .backends[0]
+        };
+        assert_eq!(
+            view(&state),
+            BackendView {
+                breaker: Default::default(),
+                usage: Some(MeterUsage::default())
+            }
+        );
         state.trip_now("b#p", 500);
         state.admit_now(&Ask {
             meters: vec![(MeterKey::backend("b"), MeterLimits::default())],
-            charge: Charge { tokens: 7, micro_usd: 0, lease_ms: 1 },
+            charge: Charge {
+                tokens: 7,
+                micro_usd: 0,
+                lease_ms: 1,
+            },
             enforce: false,
         });
         let seen = view(&state);
-        assert_eq!(seen.breaker, crate::BreakerPhase::Open { remaining_ms: 500 });
-        assert_eq!(seen.usage.map(|u| (u.requests, u.tokens, u.in_flight)), Some((1, 7, 1)));
+        assert_eq!(
+            seen.breaker,
+            crate::BreakerPhase::Open { remaining_ms: 500 }
+        );
+        assert_eq!(
+            seen.usage.map(|u| (u.requests, u.tokens, u.in_flight)),
+            Some((1, 7, 1))
+        );
         clock.store(500, Ordering::Relaxed);
         assert_eq!(state.claim_now("b#p", 100), Claim::Probe);
         assert_eq!(state.claim_now("other", 100), Claim::Closed);

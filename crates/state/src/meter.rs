@@ -196,9 +196,7 @@ impl Default for Window {
 }
 
 fn live(bucket_second: u64, second: u64) -> bool {
-    bucket_second != u64::MAX
-        && bucket_second <= second
-        && bucket_second + WINDOW_SECONDS > second
+    bucket_second != u64::MAX && bucket_second <= second && bucket_second + WINDOW_SECONDS > second
 }
 
 impl Window {

@@ -113,7 +113,11 @@ impl Keys {
 
     fn meter(&self, meter: &MeterKey) -> [String; 3] {
         let base = format!("{{{}:{}}}:m:{}", self.prefix, meter.tag, meter.path);
-        [format!("{base}:w"), format!("{base}:f"), format!("{base}:p")]
+        [
+            format!("{base}:w"),
+            format!("{base}:f"),
+            format!("{base}:p"),
+        ]
     }
 }
 
@@ -246,11 +250,9 @@ impl RedisState {
     /// Asks Redis now (ignoring the pause after a failure), for readiness checks.
     pub async fn ping(&self) -> bool {
         self.skip_until_ms.store(0, Ordering::Relaxed);
-        self.call(|mut c| async move {
-            redis::cmd("PING").query_async::<String>(&mut c).await
-        })
-        .await
-        .is_some()
+        self.call(|mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
+            .await
+            .is_some()
     }
 
     /// Runs `remote` against Redis unless an outage is under way; `None` means take the fallback.

@@ -20,7 +20,10 @@ async fn redis(test: &str) -> RedisState {
             "this test needs Redis at {REDIS}; start it with: redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no"
         );
     }
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let store = RedisState::new(&RedisConfig {
         url: format!("redis://{REDIS}/0"),
         key_prefix: format!("test-{test}-{}-{nanos}", std::process::id()),
@@ -65,22 +68,45 @@ async fn meters_admit_refuse_and_settle_as_in_memory() {
     };
     assert!(first.shared);
     assert_eq!(
-        (first.usage[0].requests, first.usage[1].tokens, first.usage[1].in_flight),
+        (
+            first.usage[0].requests,
+            first.usage[1].tokens,
+            first.usage[1].in_flight
+        ),
         (1, 60, 1)
     );
     let Verdict::Refused(refusal) = store.admit(&ask(Some(2), Some(100), 50)).await.unwrap() else {
         panic!("the key's tpm is full");
     };
     assert_eq!((refusal.meter, refusal.limit), (1, Limit::Tpm));
-    assert!(refusal.retry_after_ms > 58_000 && refusal.retry_after_ms <= 60_000, "{refusal:?}");
+    assert!(
+        refusal.retry_after_ms > 58_000 && refusal.retry_after_ms <= 60_000,
+        "{refusal:?}"
+    );
     assert_eq!((refusal.used, refusal.cap, refusal.asked), (60, 100, 50));
     store
-        .settle(&first, Settlement { tokens: 30, micro_usd: 1, release: true })
+        .settle(
+            &first,
+            Settlement {
+                tokens: 30,
+                micro_usd: 1,
+                release: true,
+            },
+        )
         .await;
-    let usage = store.usage(&[MeterKey::tenant("t"), MeterKey::key("t", "k")]).await.unwrap();
-    assert_eq!((usage[1].tokens, usage[1].in_flight, usage[1].day_tokens), (30, 0, 30));
+    let usage = store
+        .usage(&[MeterKey::tenant("t"), MeterKey::key("t", "k")])
+        .await
+        .unwrap();
+    assert_eq!(
+        (usage[1].tokens, usage[1].in_flight, usage[1].day_tokens),
+        (30, 0, 30)
+    );
     assert_eq!(usage[0].month_micro_usd, 1);
-    assert!(matches!(store.admit(&ask(Some(2), Some(100), 50)).await.unwrap(), Verdict::Admitted(_)));
+    assert!(matches!(
+        store.admit(&ask(Some(2), Some(100), 50)).await.unwrap(),
+        Verdict::Admitted(_)
+    ));
     let Verdict::Refused(refusal) = store.admit(&ask(Some(2), None, 1)).await.unwrap() else {
         panic!("rpm is full");
     };
@@ -98,10 +124,17 @@ async fn a_period_quota_is_refused_until_the_period_ends() {
     };
     let ask = |tokens, micro_usd| Ask {
         meters: vec![(MeterKey::tenant("t"), limits)],
-        charge: Charge { tokens, micro_usd, lease_ms: 1000 },
+        charge: Charge {
+            tokens,
+            micro_usd,
+            lease_ms: 1000,
+        },
         enforce: true,
     };
-    assert!(matches!(store.admit(&ask(8, 4)).await.unwrap(), Verdict::Admitted(_)));
+    assert!(matches!(
+        store.admit(&ask(8, 4)).await.unwrap(),
+        Verdict::Admitted(_)
+    ));
     let Verdict::Refused(refusal) = store.admit(&ask(8, 0)).await.unwrap() else {
         panic!("the day's tokens are used");
     };
@@ -117,38 +150,80 @@ async fn a_period_quota_is_refused_until_the_period_ends() {
 #[tokio::test]
 async fn in_flight_counts_until_released() {
     let store = redis("flight").await;
-    let limits = MeterLimits { max_in_flight: Some(1), ..MeterLimits::default() };
+    let limits = MeterLimits {
+        max_in_flight: Some(1),
+        ..MeterLimits::default()
+    };
     let ask = Ask {
         meters: vec![(MeterKey::tenant("t"), limits)],
-        charge: Charge { tokens: 0, micro_usd: 0, lease_ms: 60_000 },
+        charge: Charge {
+            tokens: 0,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
         enforce: true,
     };
-    let Verdict::Admitted(held) = store.admit(&ask).await.unwrap() else { panic!("first") };
-    let Verdict::Refused(refusal) = store.admit(&ask).await.unwrap() else { panic!("second") };
+    let Verdict::Admitted(held) = store.admit(&ask).await.unwrap() else {
+        panic!("first")
+    };
+    let Verdict::Refused(refusal) = store.admit(&ask).await.unwrap() else {
+        panic!("second")
+    };
     assert_eq!(refusal.limit, Limit::MaxInFlight);
-    store.settle(&held, Settlement { tokens: 0, micro_usd: 0, release: true }).await;
-    assert!(matches!(store.admit(&ask).await.unwrap(), Verdict::Admitted(_)));
+    store
+        .settle(
+            &held,
+            Settlement {
+                tokens: 0,
+                micro_usd: 0,
+                release: true,
+            },
+        )
+        .await;
+    assert!(matches!(
+        store.admit(&ask).await.unwrap(),
+        Verdict::Admitted(_)
+    ));
 }
 
 #[tokio::test]
 async fn the_routing_view_reads_what_was_taught_and_breakers() {
     let store = redis("routing").await;
-    store.mark_not_served(&TargetKey::new("a", "gpt-4o"), 60_000).await;
+    store
+        .mark_not_served(&TargetKey::new("a", "gpt-4o"), 60_000)
+        .await;
     store.cool_down(&TargetKey::new("b", "gpt-4o"), 5_000).await;
     store.cool_down(&TargetKey::new("b", "gpt-4o"), 1_000).await;
     store.mark_served(&TargetKey::new("c", "x"), 60_000).await;
-    assert_eq!(store.trip("a#p", 10_000).await.phase, BreakerPhase::Open { remaining_ms: 10_000 });
+    assert_eq!(
+        store.trip("a#p", 10_000).await.phase,
+        BreakerPhase::Open {
+            remaining_ms: 10_000
+        }
+    );
     store
         .admit(&Ask {
             meters: vec![(MeterKey::backend("b"), MeterLimits::default())],
-            charge: Charge { tokens: 9, micro_usd: 0, lease_ms: 60_000 },
+            charge: Charge {
+                tokens: 9,
+                micro_usd: 0,
+                lease_ms: 60_000,
+            },
             enforce: false,
         })
         .await
         .unwrap();
     let backends = [
-        BackendQuery { name: "a", breaker: Some("a#p"), metered: false },
-        BackendQuery { name: "b", breaker: None, metered: true },
+        BackendQuery {
+            name: "a",
+            breaker: Some("a#p"),
+            metered: false,
+        },
+        BackendQuery {
+            name: "b",
+            breaker: None,
+            metered: true,
+        },
     ];
     let view = store
         .routing(RoutingQuery {
@@ -157,17 +232,26 @@ async fn the_routing_view_reads_what_was_taught_and_breakers() {
         })
         .await
         .unwrap();
-    assert!(matches!(view.targets[0].exclusion, Some(Exclusion::NotServed { remaining_ms }) if remaining_ms > 59_000));
-    assert!(matches!(view.targets[1].exclusion, Some(Exclusion::CoolingDown { remaining_ms }) if remaining_ms > 4_000));
+    assert!(
+        matches!(view.targets[0].exclusion, Some(Exclusion::NotServed { remaining_ms }) if remaining_ms > 59_000)
+    );
+    assert!(
+        matches!(view.targets[1].exclusion, Some(Exclusion::CoolingDown { remaining_ms }) if remaining_ms > 4_000)
+    );
     assert!(view.targets[2].served && view.targets[2].exclusion.is_none());
-    assert!(matches!(view.backends[0].breaker, BreakerPhase::Open { .. }));
+    assert!(matches!(
+        view.backends[0].breaker,
+        BreakerPhase::Open { .. }
+    ));
     assert_eq!(view.backends[0].usage, None);
     let usage = view.backends[1].usage.unwrap();
     assert_eq!((usage.requests, usage.tokens, usage.in_flight), (1, 9, 1));
     let listed = store.not_served().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].key, TargetKey::new("a", "gpt-4o"));
-    store.mark_served(&TargetKey::new("a", "gpt-4o"), 1000).await;
+    store
+        .mark_served(&TargetKey::new("a", "gpt-4o"), 1000)
+        .await;
     assert!(store.not_served().await.unwrap().is_empty());
 }
 
@@ -182,7 +266,10 @@ async fn a_half_open_breaker_gives_out_one_probe_and_backs_off_on_failure() {
     let reopened = store.reopen("b#p", 1000, false).await;
     assert_eq!(reopened.phase, BreakerPhase::Open { remaining_ms: 2000 });
     assert_eq!((reopened.reopens, reopened.trips), (1, 2));
-    assert!(matches!(store.claim_probe("b#p", 1000).await, Claim::Open { .. }));
+    assert!(matches!(
+        store.claim_probe("b#p", 1000).await,
+        Claim::Open { .. }
+    ));
     let exact = redis("breaker-exact").await;
     exact.trip("x", 1).await;
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -190,7 +277,10 @@ async fn a_half_open_breaker_gives_out_one_probe_and_backs_off_on_failure() {
     exact.release_probe("x").await;
     assert_eq!(exact.claim_probe("x", 1000).await, Claim::Probe);
     exact.close("x").await;
-    assert_eq!(exact.breaker("x").await.unwrap().phase, BreakerPhase::Closed);
+    assert_eq!(
+        exact.breaker("x").await.unwrap().phase,
+        BreakerPhase::Closed
+    );
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 //! [`Recorder::close`] (shutdown) writes out what is buffered before it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -23,6 +23,8 @@ const CHANNEL: usize = 32_768;
 const BATCH: usize = 512;
 /// How long the writer waits for more records before it writes a batch that is not full.
 const LINGER: Duration = Duration::from_millis(20);
+/// Journal files one replay works through before the writer looks at its channel again.
+const REPLAY_ROUNDS: usize = 16;
 /// The first and the longest wait before the store is tried again after a failure.
 const RETRY_MIN: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(5);
@@ -31,6 +33,9 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Recorder {
     inner: Option<Arc<Inner>>,
+    /// Recorders this one replaced (a reload changed the store): they keep taking the records of
+    /// requests that started before, and close with this one.
+    retired: Arc<Mutex<Vec<Recorder>>>,
 }
 
 struct Inner {
@@ -74,7 +79,10 @@ pub struct RecorderStats {
 impl Recorder {
     /// A recorder that keeps nothing (`usage.store: off`).
     pub fn off() -> Recorder {
-        Recorder { inner: None }
+        Recorder {
+            inner: None,
+            retired: Arc::default(),
+        }
     }
 
     /// Starts the writer thread for `destination`. It does not wait for the store: a store that
@@ -110,6 +118,7 @@ impl Recorder {
                 journal,
                 counters,
             })),
+            retired: Arc::default(),
         })
     }
 
@@ -142,10 +151,24 @@ impl Recorder {
         self.ask(Message::Flush).await
     }
 
-    /// [`Recorder::flush`], then stops the writer; records after it go to the journal, which the
-    /// next start replays. Every clone shares the one writer.
+    /// Takes over from `old` (a reload changed the store): `old` goes on writing what requests
+    /// already under way record to it, and closes when this one does.
+    pub fn replaces(&self, old: &Recorder) {
+        let mut older = std::mem::take(&mut *lock(&old.retired));
+        older.push(old.clone());
+        lock(&self.retired).extend(older);
+    }
+
+    /// [`Recorder::flush`], then stops the writer (and those of the recorders it replaced);
+    /// records after it go to the journal, which the next start replays. Every clone shares the
+    /// one writer. `true` when every journal is empty.
     pub async fn close(&self) -> bool {
-        self.ask(Message::Close).await
+        let mut empty = self.ask(Message::Close).await;
+        let retired = std::mem::take(&mut *lock(&self.retired));
+        for old in retired {
+            empty &= old.ask(Message::Close).await;
+        }
+        empty
     }
 
     async fn ask(&self, message: fn(oneshot::Sender<bool>) -> Message) -> bool {
@@ -172,6 +195,12 @@ impl Recorder {
             buffered: CHANNEL - inner.sender.capacity(),
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn spill(journal: &Journal, counters: &Counters, records: &[UsageRecord]) {
@@ -365,15 +394,25 @@ impl Writer {
         }
     }
 
-    /// Moves the journal's records into the store, a batch at a time.
+    /// Moves the journal's records into the store: the file being replayed, then what was
+    /// appended meanwhile, up to [`REPLAY_ROUNDS`] files (the rest waits for the next turn).
     async fn replay(&mut self) {
+        for _ in 0..REPLAY_ROUNDS {
+            if !self.replay_one().await {
+                return;
+            }
+        }
+    }
+
+    /// Replays one journal file, a batch at a time; `false` when there was none or it failed.
+    async fn replay_one(&mut self) -> bool {
         let mut backlog = match self.journal.backlog() {
             Ok(Some(backlog)) => backlog,
-            Ok(None) => return,
+            Ok(None) => return false,
             Err(error) => {
                 tracing::error!(%error, "the usage journal cannot be read");
                 self.retry_at = Instant::now() + RETRY_MAX;
-                return;
+                return false;
             }
         };
         let mut replayed = 0u64;
@@ -383,7 +422,7 @@ impl Writer {
                 Err(error) => {
                     tracing::error!(%error, "the usage journal cannot be read");
                     self.retry_at = Instant::now() + RETRY_MAX;
-                    return;
+                    return false;
                 }
             };
             if batch.is_empty() {
@@ -391,7 +430,7 @@ impl Writer {
             }
             if let Err(error) = self.store.insert(&batch).await {
                 self.failed(&error);
-                return;
+                return false;
             }
             self.recovered();
             replayed += batch.len() as u64;
@@ -408,8 +447,9 @@ impl Writer {
         if let Err(error) = self.journal.replayed(backlog) {
             tracing::error!(%error, "a replayed usage journal could not be removed; it will be replayed again");
             self.retry_at = Instant::now() + RETRY_MAX;
-            return;
+            return false;
         }
         tracing::info!(records = replayed, "usage journal replayed into the store");
+        true
     }
 }

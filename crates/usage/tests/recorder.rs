@@ -227,3 +227,40 @@ async fn a_postgres_outage_mid_run_loses_no_record() {
     assert_eq!(totals(&store).await, (1_000, output_sum(0..1_000)));
     assert!(recorder.stats().spilled >= 400);
 }
+
+#[tokio::test]
+async fn a_replaced_recorder_keeps_writing_and_closes_with_its_successor() {
+    let dir = temp_dir("replaced");
+    let (first, second) = (dir.join("first"), dir.join("second"));
+    let old = Recorder::start(sqlite(&first, None)).unwrap();
+    let new = Recorder::start(sqlite(&second, None)).unwrap();
+    new.replaces(&old);
+    for n in 0..50 {
+        old.record(record("replaced", n));
+        new.record(record("replaced", n));
+    }
+    assert!(new.close().await);
+    old.record(record("replaced", 50));
+    assert_eq!(totals(&sqlite(&first, None).store).await.0, 50);
+    assert_eq!(totals(&sqlite(&second, None).store).await.0, 50);
+}
+
+#[tokio::test]
+async fn a_replay_cut_short_and_what_came_after_are_both_replayed_at_close() {
+    let dir = temp_dir("two-files");
+    let destination = sqlite(&dir, None);
+    let journal = destination.journal.clone().unwrap();
+    let lines = |range: std::ops::Range<u64>| {
+        range
+            .map(|n| serde_json::to_string(&record("two", n)).unwrap() + "\n")
+            .collect::<String>()
+    };
+    // A replay that was cut short left its file; records spilled after it are in a new one.
+    let mut replaying = journal.clone().into_os_string();
+    replaying.push(".replaying");
+    std::fs::write(&replaying, lines(0..300)).unwrap();
+    std::fs::write(&journal, lines(300..500)).unwrap();
+    let recorder = Recorder::start(destination.clone()).unwrap();
+    assert!(recorder.close().await, "a journal file was left");
+    assert_eq!(totals(&destination.store).await, (500, output_sum(0..500)));
+}

@@ -97,7 +97,11 @@ pub async fn spread(
     while next < count {
         let batch: Vec<_> = (next..count.min(next + concurrency))
             .map(|i| {
-                let (h, gateway, body) = (h.clone(), gateways[i % gateways.len()].clone(), body.clone());
+                let (h, gateway, body) = (
+                    h.clone(),
+                    gateways[i % gateways.len()].clone(),
+                    body.clone(),
+                );
                 tokio::spawn(async move { chat_on(&h, &gateway, &body).await })
             })
             .collect();

@@ -22,7 +22,6 @@ end
 
 -- When the window has room for `asked` more under `cap`: the oldest buckets that must go, gone.
 local function frees(list, used, cap, asked)
-  table.sort(list, function(a, b) return a[1] < b[1] end)
   for _, e in ipairs(list) do
     used = used - e[2]
     if used + asked <= cap then return math.max((e[1] + 60) * 1000 - now, 1) end
@@ -49,8 +48,9 @@ if enforce then
     local checks = {}
     if m.dcap >= 0 and m.d + tokens > m.dcap then checks[#checks + 1] = { 4, (day + 1) * 86400000 - now, m.d, m.dcap, tokens } end
     if m.mcap >= 0 and m.m + usd > m.mcap then checks[#checks + 1] = { 5, month_ends_in(), m.m, m.mcap, usd } end
-    if m.rpm >= 0 and m.r + 1 > m.rpm then checks[#checks + 1] = { 1, frees(m.rs, m.r, m.rpm, 1), m.r, m.rpm, 1 } end
-    if m.tpm >= 0 and m.t + tokens > m.tpm then checks[#checks + 1] = { 2, frees(m.ts, m.t, m.tpm, tokens), m.t, m.tpm, tokens } end
+    local w = KEYS[3 * i - 2]
+    if m.rpm >= 0 and m.r + 1 > m.rpm then checks[#checks + 1] = { 1, frees(buckets(w, 'r'), m.r, m.rpm, 1), m.r, m.rpm, 1 } end
+    if m.tpm >= 0 and m.t + tokens > m.tpm then checks[#checks + 1] = { 2, frees(buckets(w, 't'), m.t, m.tpm, tokens), m.t, m.tpm, tokens } end
     if m.cap >= 0 and m.fly + 1 > m.cap then checks[#checks + 1] = { 3, 1000, m.fly, m.cap, 1 } end
     for _, c in ipairs(checks) do
       if c[1] >= 4 then
@@ -72,14 +72,19 @@ for i = 1, n do
   local m = meters[i]
   redis.call('HINCRBY', w, 'r' .. second, 1)
   redis.call('HINCRBY', w, 't' .. second, tokens)
+  redis.call('HINCRBY', w, 'R', 1)
+  redis.call('HINCRBY', w, 'T', tokens)
   redis.call('PEXPIRE', w, 61000)
   redis.call('ZADD', f, now + lease, member)
   redis.call('PEXPIRE', f, lease + 1000)
   local df, mf = 'd' .. day, 'm' .. month
-  redis.call('HINCRBY', p, df, tokens)
-  redis.call('HINCRBY', p, mf, usd)
-  for _, k in ipairs(redis.call('HKEYS', p)) do
-    if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
+  local day_total = redis.call('HINCRBY', p, df, tokens)
+  local month_total = redis.call('HINCRBY', p, mf, usd)
+  -- A period's first charge: the ones before it are over.
+  if day_total == tokens or month_total == usd then
+    for _, k in ipairs(redis.call('HKEYS', p)) do
+      if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
+    end
   end
   redis.call('PEXPIRE', p, 35 * 86400000)
   m.r, m.t, m.fly, m.d, m.m = m.r + 1, m.t + tokens, m.fly + 1, m.d + tokens, m.m + usd

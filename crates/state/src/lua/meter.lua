@@ -31,26 +31,54 @@ local function month_ends_in()
   return days_from_civil(math.floor(next / 12), next % 12 + 1, 1) * 86400000 - now
 end
 
--- One meter's current usage; with `prune`, drops buckets that left the window.
-local function read_meter(w, f, p, prune)
-  local m = { r = 0, t = 0, rs = {}, ts = {} }
+-- A meter's window is one hash: per-second buckets `r<second>` and `t<second>` (requests, tokens),
+-- and their running sums `R` and `T`, exact for the buckets at or after `O`. While no bucket can
+-- have left the window since (`O` is still the oldest second), the sums are read as they are;
+-- otherwise the buckets are summed again (and, with `prune`, the stale ones dropped): once a
+-- second per meter at most.
+local function window(w, prune)
+  local v = redis.call('HMGET', w, 'R', 'T', 'O')
+  if v[3] and tonumber(v[3]) >= oldest then
+    return tonumber(v[1]) or 0, tonumber(v[2]) or 0
+  end
+  local r, t = 0, 0
   local all = redis.call('HGETALL', w)
   for i = 1, #all, 2 do
     local field = all[i]
-    local s = tonumber(string.sub(field, 2))
-    if s == nil or s < oldest then
-      if prune then redis.call('HDEL', w, field) end
-    else
-      local v = tonumber(all[i + 1])
-      if string.sub(field, 1, 1) == 'r' then
-        m.r = m.r + v
-        m.rs[#m.rs + 1] = { s, v }
+    local kind = string.sub(field, 1, 1)
+    if kind == 'r' or kind == 't' then
+      local s = tonumber(string.sub(field, 2))
+      if s == nil or s < oldest then
+        if prune then redis.call('HDEL', w, field) end
+      elseif kind == 'r' then
+        r = r + tonumber(all[i + 1])
       else
-        m.t = m.t + v
-        m.ts[#m.ts + 1] = { s, v }
+        t = t + tonumber(all[i + 1])
       end
     end
   end
+  if prune then redis.call('HSET', w, 'R', r, 'T', t, 'O', oldest) end
+  return r, t
+end
+
+-- The live buckets of one kind ('r' or 't') as {second, count}, oldest first (for retry-after).
+local function buckets(w, kind)
+  local list = {}
+  local all = redis.call('HGETALL', w)
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, 1) == kind then
+      local s = tonumber(string.sub(all[i], 2))
+      if s and s >= oldest then list[#list + 1] = { s, tonumber(all[i + 1]) } end
+    end
+  end
+  table.sort(list, function(a, b) return a[1] < b[1] end)
+  return list
+end
+
+-- One meter's current usage; with `prune`, drops what left the window or its lease.
+local function read_meter(w, f, p, prune)
+  local m = {}
+  m.r, m.t = window(w, prune)
   if prune then redis.call('ZREMRANGEBYSCORE', f, '-inf', now) end
   m.fly = redis.call('ZCOUNT', f, '(' .. now, '+inf')
   local pv = redis.call('HMGET', p, 'd' .. day, 'm' .. month)

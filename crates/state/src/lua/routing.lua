@@ -39,13 +39,21 @@ for j = 1, backends do
   out[#out + 1] = phase
   out[#out + 1] = left
   if string.sub(flags, 2, 2) == '1' then
+    -- The running sums while no bucket can have left the window (see meter.lua), else the buckets.
+    local w = KEYS[3 * j + 2]
+    local sums = redis.call('HMGET', w, 'R', 'T', 'O')
     local r, tk = 0, 0
-    local all = redis.call('HGETALL', KEYS[3 * j + 2])
-    for i = 1, #all, 2 do
-      local s = tonumber(string.sub(all[i], 2))
-      if s and s >= oldest then
-        if string.sub(all[i], 1, 1) == 'r' then r = r + tonumber(all[i + 1])
-        else tk = tk + tonumber(all[i + 1]) end
+    if sums[3] and tonumber(sums[3]) >= oldest then
+      r, tk = tonumber(sums[1]) or 0, tonumber(sums[2]) or 0
+    else
+      local all = redis.call('HGETALL', w)
+      for i = 1, #all, 2 do
+        local kind = string.sub(all[i], 1, 1)
+        local s = tonumber(string.sub(all[i], 2))
+        if s and s >= oldest and (kind == 'r' or kind == 't') then
+          if kind == 'r' then r = r + tonumber(all[i + 1])
+          else tk = tk + tonumber(all[i + 1]) end
+        end
       end
     end
     out[#out + 1] = r

@@ -1,0 +1,449 @@
+//! The gateway's Prometheus metrics (`GET /metrics` on the admin port, documented in
+//! `docs/metrics.md`): counters and histograms the request path bumps, and gauges read from the
+//! learned state when scraped. One set per gateway, carried over reloads with the recorder.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use onedoor_state::{now_ms, State};
+use onedoor_usage::{RecorderStats, UsageRecord};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::breaker::BreakerState;
+use crate::runtime::Runtime;
+
+/// What `GET /metrics` answers with: the Prometheus text format, OpenMetrics flavour.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    tenant: String,
+    alias: String,
+    status: u16,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    backend: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    tenant: String,
+    alias: String,
+    kind: &'static str,
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantAlias {
+    tenant: String,
+    alias: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AliasLabel {
+    alias: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: String,
+    region: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HeadroomLabels {
+    backend: String,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    backend: String,
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabel {
+    tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+type Seconds = Family<AliasLabel, Histogram, fn() -> Histogram>;
+
+fn latency_buckets() -> Histogram {
+    // 5 ms to about 82 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+fn overhead_buckets() -> Histogram {
+    // 10 µs to about 164 ms: the gateway's own time is small or a bug.
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 15))
+}
+
+fn per_token_buckets() -> Histogram {
+    // 1 ms to about 1 s per output token.
+    Histogram::new(exponential_buckets(0.001, 2.0, 11))
+}
+
+/// Every metric of one gateway, and the registry that encodes them.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    attempts: Family<AttemptLabels, Counter>,
+    tokens: Family<TokenLabels, Counter>,
+    cost: Family<TenantAlias, Counter<f64, AtomicU64>>,
+    duration: Seconds,
+    ttft: Seconds,
+    per_token: Seconds,
+    overhead: Histogram,
+    rejections: Family<KindLabel, Counter>,
+    reloads: Family<OutcomeLabel, Counter>,
+    in_flight: Family<BackendLabels, Gauge>,
+    breaker: Family<BackendLabels, Gauge>,
+    headroom: Family<HeadroomLabels, Gauge>,
+    not_served: Gauge,
+    usage_records: Family<OutcomeLabel, Gauge>,
+    tenant_in_flight: Family<TenantLabel, Gauge>,
+    transitions: Family<TransitionLabels, Counter>,
+    malformed: Family<BackendLabels, Counter>,
+}
+
+/// A request counted in its tenant's in-flight gauge until dropped (a stream's at its end).
+pub struct Entered(Gauge);
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("onedoor");
+        let seconds = || Seconds::new_with_constructor(latency_buckets as fn() -> Histogram);
+        let metrics = Metrics {
+            requests: Family::default(),
+            attempts: Family::default(),
+            tokens: Family::default(),
+            cost: Family::default(),
+            duration: seconds(),
+            ttft: seconds(),
+            per_token: Seconds::new_with_constructor(per_token_buckets as fn() -> Histogram),
+            overhead: overhead_buckets(),
+            rejections: Family::default(),
+            reloads: Family::default(),
+            in_flight: Family::default(),
+            breaker: Family::default(),
+            headroom: Family::default(),
+            not_served: Gauge::default(),
+            usage_records: Family::default(),
+            tenant_in_flight: Family::default(),
+            transitions: Family::default(),
+            malformed: Family::default(),
+            registry: Registry::default(),
+        };
+        let m = &metrics;
+        let r = &mut registry;
+        r.register(
+            "requests",
+            "Client requests answered, by status and error code (`-` for none)",
+            m.requests.clone(),
+        );
+        r.register(
+            "upstream_attempts",
+            "Upstream attempts by backend and outcome (status code or failure kind)",
+            m.attempts.clone(),
+        );
+        r.register(
+            "tokens",
+            "Tokens by kind (input, output, cached) and source (measured, estimated)",
+            m.tokens.clone(),
+        );
+        r.register(
+            "cost_usd",
+            "Cost of answered requests in US dollars",
+            m.cost.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from arrival to the end of the answer (a stream's last byte)",
+            m.duration.clone(),
+        );
+        r.register(
+            "time_to_first_token_seconds",
+            "Time from arrival to a stream's first byte",
+            m.ttft.clone(),
+        );
+        r.register(
+            "time_per_output_token_seconds",
+            "Streams: time after the first byte per output token",
+            m.per_token.clone(),
+        );
+        r.register(
+            "gateway_overhead_seconds",
+            "Time spent in onedoor itself up to the response head, upstream waits excluded",
+            m.overhead.clone(),
+        );
+        r.register(
+            "limiter_rejections",
+            "Requests refused by the caller's own limits, by kind",
+            m.rejections.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Config reloads by outcome (applied, refused)",
+            m.reloads.clone(),
+        );
+        r.register(
+            "backend_in_flight",
+            "Requests in flight on a backend from this instance",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "breaker_state",
+            "Circuit breaker state per backend: 0 closed, 1 half-open, 2 open",
+            m.breaker.clone(),
+        );
+        r.register("backend_headroom", "What a backend's rpm and tpm limits still allow in the window (kind requests or tokens)", m.headroom.clone());
+        r.register(
+            "not_served_entries",
+            "Targets in the not-served cache",
+            m.not_served.clone(),
+        );
+        r.register(
+            "usage_records",
+            "Usage records by fate (written, spilled, replayed, lost, buffered) since start",
+            m.usage_records.clone(),
+        );
+        r.register(
+            "tenant_in_flight",
+            "Requests of a tenant under way on this instance (streams until they end)",
+            m.tenant_in_flight.clone(),
+        );
+        r.register("breaker_transitions", "Circuit breaker transitions this instance made, by backend and new state (open, half_open, reopen, close)", m.transitions.clone());
+        r.register(
+            "stream_events_dropped",
+            "Malformed upstream stream events dropped (never forwarded), by backend",
+            m.malformed.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// A request of `tenant` begins; it counts in flight until the guard is dropped.
+    pub fn enter(&self, tenant: &str) -> Entered {
+        let gauge = self
+            .tenant_in_flight
+            .get_or_create(&TenantLabel {
+                tenant: tenant.to_owned(),
+            })
+            .clone();
+        gauge.inc();
+        Entered(gauge)
+    }
+
+    /// A request whose response head is ready.
+    pub fn answered(&self, tenant: &str, alias: &str, status: u16, code: Option<&str>) {
+        let labels = RequestLabels {
+            tenant: tenant.to_owned(),
+            alias: alias.to_owned(),
+            status,
+            code: code.unwrap_or("-").to_owned(),
+        };
+        self.requests.get_or_create(&labels).inc();
+        if let Some(kind) = code.and_then(limit_kind) {
+            self.rejections.get_or_create(&KindLabel { kind }).inc();
+        }
+    }
+
+    /// Every upstream attempt of a request, as `x-onedoor-attempts` lists them.
+    pub fn attempted(&self, attempts: &[(String, String)]) {
+        for (backend, outcome) in attempts {
+            let labels = AttemptLabels {
+                backend: backend.clone(),
+                outcome: outcome.clone(),
+            };
+            self.attempts.get_or_create(&labels).inc();
+        }
+    }
+
+    /// The gateway's own share of a request's time to its response head.
+    pub fn overhead(&self, total: Duration, upstream: Duration) {
+        self.overhead
+            .observe(total.saturating_sub(upstream).as_secs_f64());
+    }
+
+    /// A finished request's usage record: tokens, cost and timings.
+    pub fn finished(&self, record: &UsageRecord) {
+        let source = record.tokens.source.as_str();
+        for (kind, count) in [
+            ("input", record.tokens.input),
+            ("output", record.tokens.output),
+            ("cached", record.tokens.cached),
+        ] {
+            if count > 0 {
+                let labels = TokenLabels {
+                    tenant: record.tenant.clone(),
+                    alias: record.alias.clone(),
+                    kind,
+                    source,
+                };
+                self.tokens.get_or_create(&labels).inc_by(count);
+            }
+        }
+        if record.cost_usd > 0.0 {
+            let labels = TenantAlias {
+                tenant: record.tenant.clone(),
+                alias: record.alias.clone(),
+            };
+            self.cost.get_or_create(&labels).inc_by(record.cost_usd);
+        }
+        let alias = AliasLabel {
+            alias: record.alias.clone(),
+        };
+        let seconds = |ms: u64| ms as f64 / 1000.0;
+        self.duration
+            .get_or_create(&alias)
+            .observe(seconds(record.duration_ms));
+        if let (true, Some(ttft)) = (record.stream, record.ttft_ms) {
+            self.ttft.get_or_create(&alias).observe(seconds(ttft));
+            if record.tokens.output > 0 {
+                let after = record.duration_ms.saturating_sub(ttft);
+                self.per_token
+                    .get_or_create(&alias)
+                    .observe(seconds(after) / record.tokens.output as f64);
+            }
+        }
+    }
+
+    /// A config reload, applied or refused.
+    pub fn reloaded(&self, applied: bool) {
+        let outcome = if applied { "applied" } else { "refused" };
+        self.reloads.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    /// The text exposition, with the gauges read from `runtime` now.
+    pub async fn scrape(&self, runtime: &Runtime) -> String {
+        self.read_gauges(runtime).await;
+        self.read_recorder(runtime.recorder.stats());
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    async fn read_gauges(&self, runtime: &Runtime) {
+        let now = now_ms();
+        for (i, backend) in runtime.snapshot.backends.iter().enumerate() {
+            let labels = BackendLabels {
+                backend: backend.name.clone(),
+                region: backend.region.clone(),
+            };
+            if let Some(transitions) = runtime.breakers.transitions(i) {
+                for (to, total) in crate::breaker::TRANSITIONS.into_iter().zip(transitions) {
+                    let labels = TransitionLabels {
+                        backend: backend.name.clone(),
+                        to,
+                    };
+                    catch_up(&self.transitions.get_or_create(&labels), total);
+                }
+            }
+            if let Some(load) = runtime.load(i) {
+                catch_up(
+                    &self.malformed.get_or_create(&labels),
+                    load.malformed_events(),
+                );
+                let in_flight = i64::try_from(load.in_flight()).unwrap_or(i64::MAX);
+                self.in_flight.get_or_create(&labels).set(in_flight);
+                let view = load.view(&backend.limits, None, now);
+                for (kind, field) in [
+                    ("requests", "requests_headroom"),
+                    ("tokens", "tokens_headroom"),
+                ] {
+                    if let Some(left) = view["window"][field].as_i64() {
+                        let labels = HeadroomLabels {
+                            backend: backend.name.clone(),
+                            kind,
+                        };
+                        self.headroom.get_or_create(&labels).set(left);
+                    }
+                }
+            }
+            let state = match runtime.breakers.view(i, now).await {
+                Some(view) => view.state,
+                None => BreakerState::Closed,
+            };
+            self.breaker.get_or_create(&labels).set(match state {
+                BreakerState::Closed => 0,
+                BreakerState::HalfOpen => 1,
+                BreakerState::Open => 2,
+            });
+        }
+        if let Ok(entries) = runtime.state.not_served().await {
+            self.not_served
+                .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    fn read_recorder(&self, stats: RecorderStats) {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (outcome, n) in [
+            ("written", count(stats.written)),
+            ("spilled", count(stats.spilled)),
+            ("replayed", count(stats.replayed)),
+            ("lost", count(stats.lost)),
+            (
+                "buffered",
+                i64::try_from(stats.buffered).unwrap_or(i64::MAX),
+            ),
+        ] {
+            self.usage_records
+                .get_or_create(&OutcomeLabel { outcome })
+                .set(n);
+        }
+    }
+}
+
+/// Brings a counter kept elsewhere (a breaker's, a backend load's) up to its `total`. One that
+/// was replaced on reload and counts from zero again catches up once past the old total.
+fn catch_up(counter: &Counter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
+
+/// The limit kind behind a refusal code, for `onedoor_limiter_rejections_total`.
+fn limit_kind(code: &str) -> Option<&'static str> {
+    match code {
+        "rate_limited" => Some("rate"),
+        "quota_exceeded" => Some("quota"),
+        "gateway_overloaded" => Some("gateway"),
+        "request_too_large" => Some("body_size"),
+        _ => None,
+    }
+}
