@@ -274,6 +274,59 @@ impl Store {
     }
 }
 
+/// What the writer took from its channel in one turn.
+struct Gathered {
+    batch: Vec<UsageRecord>,
+    answers: Vec<oneshot::Sender<bool>>,
+    closing: bool,
+}
+
+/// `first` and what follows it: records until a batch is full or [`LINGER`] has passed, or up to
+/// a flush; on close (or when every sender is gone) everything left in the channel.
+async fn gather(inbox: &mut mpsc::Receiver<Message>, first: Option<Message>) -> Gathered {
+    let mut gathered = Gathered {
+        batch: Vec::new(),
+        answers: Vec::new(),
+        closing: first.is_none(),
+    };
+    let linger_until = Instant::now() + LINGER;
+    let mut next = first;
+    while let Some(message) = next.take() {
+        gathered.take(message);
+        if gathered.batch.len() < BATCH && gathered.answers.is_empty() && !gathered.closing {
+            next = match inbox.try_recv() {
+                Ok(message) => Some(message),
+                // Under light load, wait a little for company: a transaction per record costs
+                // more than the record.
+                Err(_) => tokio::time::timeout_at(linger_until, inbox.recv())
+                    .await
+                    .ok()
+                    .flatten(),
+            };
+        }
+    }
+    if gathered.closing {
+        inbox.close();
+        while let Ok(message) = inbox.try_recv() {
+            gathered.take(message);
+        }
+    }
+    gathered
+}
+
+impl Gathered {
+    fn take(&mut self, message: Message) {
+        match message {
+            Message::Record(record) => self.batch.push(*record),
+            Message::Flush(answer) => self.answers.push(answer),
+            Message::Close(answer) => {
+                self.answers.push(answer);
+                self.closing = true;
+            }
+        }
+    }
+}
+
 /// The writer thread's loop.
 struct Writer {
     store: Store,
@@ -297,41 +350,11 @@ impl Writer {
                 },
                 false => inbox.recv().await,
             };
-            let mut batch = Vec::new();
-            let mut answers = Vec::new();
-            let mut closing = message.is_none();
-            let mut next = message;
-            let linger_until = Instant::now() + LINGER;
-            while let Some(message) = next.take() {
-                match message {
-                    Message::Record(record) => batch.push(*record),
-                    Message::Flush(answer) => answers.push(answer),
-                    Message::Close(answer) => {
-                        answers.push(answer);
-                        closing = true;
-                    }
-                }
-                if batch.len() < BATCH && answers.is_empty() && !closing {
-                    next = match inbox.try_recv() {
-                        Ok(message) => Some(message),
-                        // Under light load, wait a little for company: a transaction per record
-                        // costs more than the record.
-                        Err(_) => tokio::time::timeout_at(linger_until, inbox.recv())
-                            .await
-                            .ok()
-                            .flatten(),
-                    };
-                }
-            }
-            if closing {
-                inbox.close();
-                while let Ok(message) = inbox.try_recv() {
-                    match message {
-                        Message::Record(record) => batch.push(*record),
-                        Message::Flush(answer) | Message::Close(answer) => answers.push(answer),
-                    }
-                }
-            }
+            let Gathered {
+                batch,
+                answers,
+                closing,
+            } = gather(&mut inbox, message).await;
             let asked = !answers.is_empty();
             if asked {
                 // Someone waits: try the store now rather than at the next retry.
