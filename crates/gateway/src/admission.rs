@@ -25,7 +25,7 @@ use crate::body::{Body, BoxError};
 use crate::errors::GatewayError;
 use crate::request::{ClientRequest, Operation};
 use crate::router::Candidate;
-use crate::tokens::{ChatFields, Estimator};
+use crate::tokens::{ChatFields, Encoding, Estimator};
 use crate::usage::{UsageReport, UsageSource};
 
 /// A request counts in flight for at most its total timeout and this, if its instance dies
@@ -224,14 +224,28 @@ fn needs_tokens(limits: &MeterLimits) -> bool {
     limits.tpm.is_some() || limits.tokens_per_day.is_some() || limits.micro_usd_per_month.is_some()
 }
 
-/// Whether any tenant or key of `snapshot` has a limit the tokenizer serves.
-pub fn counts_tokens(snapshot: &Snapshot) -> bool {
-    snapshot.tenants.iter().any(|t| {
+/// The encodings admission will count with under `snapshot`: none unless a tenant or key has a
+/// limit the tokenizer serves, else those of the aliases' families.
+pub fn encodings_in_use(snapshot: &Snapshot) -> Vec<Encoding> {
+    let counts = snapshot.tenants.iter().any(|t| {
         std::iter::once(&t.limits)
             .chain(t.keys.iter().map(|k| &k.limits))
             .filter_map(meter_limits)
             .any(|l| needs_tokens(&l))
-    })
+    });
+    if !counts {
+        return Vec::new();
+    }
+    let mut encodings: Vec<Encoding> = snapshot
+        .aliases
+        .iter()
+        .chain(&snapshot.wildcard)
+        .map(|alias| estimator(alias, "").encoding)
+        .filter(|e| *e != Encoding::Approximate)
+        .collect();
+    encodings.sort_by_key(|e| *e as u8);
+    encodings.dedup();
+    encodings
 }
 
 /// The estimator for an alias: the family of its first target's deployment (or, on `"*"`, the

@@ -27,7 +27,9 @@ pub enum GatewayError {
     ModelNotAllowed(String),
     #[error("the model `{0}` does not exist; GET /v1/models lists the ones this key may use")]
     ModelNotFound(String),
-    #[error("no reachable backend serves the model `{0}`: each one asked answered that it lacks it")]
+    #[error(
+        "no reachable backend serves the model `{0}`: each one asked answered that it lacks it"
+    )]
     ServedNowhere(String),
     #[error("the request body is larger than the limit of {limit} bytes")]
     RequestTooLarge { limit: u64 },

@@ -413,10 +413,23 @@ impl<'a> Failover<'a> {
     /// On the `"*"` alias: every backend that could be reached (or was, recently) said it lacks
     /// the name, so to the caller the model does not exist; the others are down or out of rotation.
     fn served_nowhere(&self) -> bool {
-        let discovery = self.plan.candidates.iter().chain(self.plan.excluded.iter().map(|(c, _)| c)).all(|c| c.discovery);
+        let discovery = self
+            .plan
+            .candidates
+            .iter()
+            .chain(self.plan.excluded.iter().map(|(c, _)| c))
+            .all(|c| c.discovery);
         let learned = self.verdicts.contains(&Verdict::NotServed)
-            || self.plan.excluded.iter().any(|(_, r)| *r == Excluded::NotServed);
-        let telling = self.verdicts.iter().filter(|v| **v != Verdict::NotServed).count();
+            || self
+                .plan
+                .excluded
+                .iter()
+                .any(|(_, r)| *r == Excluded::NotServed);
+        let telling = self
+            .verdicts
+            .iter()
+            .filter(|v| **v != Verdict::NotServed)
+            .count();
         let out_of_rotation = self
             .plan
             .excluded

@@ -2,8 +2,8 @@
 //! streaming, and the admin API. It runs on a compiled config [`Snapshot`] and keeps its learned
 //! state behind the `onedoor_state::State` trait.
 
-mod admin;
 mod access_log;
+mod admin;
 mod admission;
 mod affinity;
 mod attempt;
@@ -30,9 +30,9 @@ mod runtime;
 mod server;
 mod session_token;
 mod stream;
-mod trace;
 mod surface;
 pub mod tokens;
+mod trace;
 pub mod translate;
 mod upstream;
 pub mod usage;
@@ -103,7 +103,10 @@ impl Running {
             let _ = task.await;
         }
         if !sessions.drained(SESSIONS_CLOSE).await {
-            tracing::warn!(open = sessions.open(), "realtime sessions still open after their close frames; dropping them");
+            tracing::warn!(
+                open = sessions.open(),
+                "realtime sessions still open after their close frames; dropping them"
+            );
         }
         self.live.stop().await;
         if !self.live.current().recorder.close().await {
@@ -166,8 +169,9 @@ fn launch(
     source: Option<Source>,
 ) -> Running {
     let state = Arc::new(store_for(&snapshot.state));
-    if admission::counts_tokens(&snapshot) {
-        tokio::task::spawn_blocking(tokens::warm_up);
+    let encodings = admission::encodings_in_use(&snapshot);
+    if !encodings.is_empty() {
+        tokio::task::spawn_blocking(move || tokens::warm_up(&encodings));
     }
     let (shutdown, watcher) = watch::channel(false);
     let mut runtime = Runtime::new(Arc::new(snapshot), state);

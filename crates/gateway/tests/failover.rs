@@ -544,5 +544,9 @@ async fn a_name_no_reachable_backend_serves_is_model_not_found_on_the_discovery_
         assert_eq!(answer.status, 404, "{}", answer.body);
         assert_eq!(answer.code(), "model_not_found");
     }
-    assert_eq!(h.endpoint("a").requests("no-such-model"), 1, "the not-served answer was not remembered");
+    assert_eq!(
+        h.endpoint("a").requests("no-such-model"),
+        1,
+        "the not-served answer was not remembered"
+    );
 }
