@@ -187,17 +187,7 @@ impl Admission {
 
 /// The price of the target `candidate` stands for (its own, else its alias's).
 pub fn price_of<'a>(alias: &'a Alias, candidate: &Candidate) -> Option<&'a Price> {
-    alias
-        .targets
-        .iter()
-        .find(|t| {
-            t.backend == candidate.backend
-                && t.deployment
-                    .as_deref()
-                    .is_none_or(|d| d == candidate.deployment)
-        })
-        .and_then(|t| t.price.as_ref())
-        .or(alias.price.as_ref())
+    onedoor_usage::price_of(alias, candidate.backend, &candidate.deployment)
 }
 
 /// Millionths of a dollar: prices are dollars per million tokens.

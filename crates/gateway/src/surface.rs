@@ -88,7 +88,7 @@ pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
             Method::POST,
         ),
         ["openai", "deployments", alias, rest @ ..] if !alias.is_empty() => {
-            let alias = AliasSource::Path(percent_decode(alias));
+            let alias = AliasSource::Path(percent_decode(alias, Encoded::Path));
             (call(rest, Dialect::Azure, alias, path)?, Method::POST)
         }
         _ => return Err(no_route(path)),
@@ -124,19 +124,31 @@ fn no_route(path: &str) -> GatewayError {
     GatewayError::NotFound(format!("onedoor has no endpoint at {path}"))
 }
 
-/// Decodes `%XX` escapes in a path segment; invalid escapes are kept as written.
-fn percent_decode(segment: &str) -> String {
-    let bytes = segment.as_bytes();
+/// Where a percent-encoded text comes from: in a query, `+` means a space; in a path it is itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoded {
+    Path,
+    Query,
+}
+
+/// Decodes `%XX` escapes (and `+` in a query); invalid escapes are kept as written.
+pub fn percent_decode(text: &str, encoded: Encoded) -> String {
+    let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = bytes
+        let escaped = bytes
             .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], escaped) {
             (b'%', Some(byte)) => {
                 out.push(byte);
                 i += 3;
+            }
+            (b'+', _) if encoded == Encoded::Query => {
+                out.push(b' ');
+                i += 1;
             }
             (byte, _) => {
                 out.push(byte);

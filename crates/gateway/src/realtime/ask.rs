@@ -6,7 +6,7 @@ use http::{header, HeaderMap, HeaderValue};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 
 use crate::errors::GatewayError;
-use crate::surface::RealtimePath;
+use crate::surface::{percent_decode, Encoded, RealtimePath};
 
 /// The subprotocol browsers put their key in, since they cannot set headers.
 const KEY_PROTOCOL: &str = "openai-insecure-api-key.";
@@ -132,35 +132,8 @@ fn subprotocols(headers: &HeaderMap) -> Vec<String> {
 fn query_param(query: &str, key: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == key).then(|| percent_decode(v))
+        (k == key).then(|| percent_decode(v, Encoded::Query))
     })
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], escaped) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
