@@ -144,11 +144,6 @@ impl GatewayError {
         }
     }
 
-    /// The error as an OpenAI-shaped JSON response (OpenAI and Azure paths).
-    pub fn into_response(self) -> Response<Body> {
-        self.into_response_in(Dialect::OpenAi)
-    }
-
     /// The error as a JSON response in the caller's dialect: OpenAI's envelope on OpenAI and
     /// Azure paths, Anthropic's `{"type":"error","error":{...}}` on `/v1/messages`.
     pub fn into_response_in(self, dialect: Dialect) -> Response<Body> {
@@ -196,7 +191,7 @@ mod tests {
             alias: "chat".into(),
             retry_after: Duration::from_millis(1500),
         };
-        let response = err.into_response();
+        let response = err.into_response_in(Dialect::OpenAi);
         assert_eq!(response.status(), 429);
         assert_eq!(response.headers()["retry-after"], "2");
         assert_eq!(response.headers()["retry-after-ms"], "1500");

@@ -543,7 +543,7 @@ fn stream_response(body: Body, dialect: Dialect, measured: bool) -> Response<Bod
 
 /// An upstream's own client error, as it came (status, content type and body); for an
 /// Anthropic caller in Anthropic's error shape, its message kept.
-fn passthrough(failure: Failure, dialect: Dialect) -> Response<Body> {
+pub(crate) fn passthrough(failure: Failure, dialect: Dialect) -> Response<Body> {
     let Failure::Status {
         status,
         mut headers,

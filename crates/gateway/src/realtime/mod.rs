@@ -31,7 +31,6 @@ use crate::request::Operation;
 use crate::router::{self, Excluded, Plan};
 use crate::runtime::Runtime;
 use crate::surface::RealtimePath;
-use crate::upstream::Failure;
 
 use ask::Ask;
 use session::Session;
@@ -125,7 +124,11 @@ async fn accept(
         Err(Ending::Error(error)) => return Err(error),
         Err(Ending::Upstream { backend, failure }) => {
             seen.backend = Some(backend);
-            return Ok(passthrough(failure));
+            // An upstream's own refusal of the handshake (a 4xx that is the caller's to see), as it came.
+            return Ok(crate::pipeline::passthrough(
+                failure,
+                crate::surface::Dialect::OpenAi,
+            ));
         }
     };
     seen.backend = Some(candidate.backend);
@@ -212,27 +215,5 @@ fn switching(ask: &Ask) -> Response<Body> {
             HeaderValue::from_static(ask::REALTIME),
         );
     }
-    response
-}
-
-/// An upstream's own refusal of the handshake (a 4xx that is the caller's to see), as it came.
-fn passthrough(failure: Failure) -> Response<Body> {
-    let Failure::Status {
-        status,
-        headers,
-        body,
-    } = failure
-    else {
-        return GatewayError::UpstreamFailed("the realtime session".into()).into_response();
-    };
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .cloned()
-        .unwrap_or(HeaderValue::from_static("application/json"));
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, content_type);
     response
 }
