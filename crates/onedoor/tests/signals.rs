@@ -5,110 +5,35 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+mod common;
+use common::{free_addr, http, Gateway};
 
 const KEY: &str = "signals-client-key";
 
-/// The gateway process; killed if a test ends without stopping it.
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
+/// Writes `<dir>/onedoor.yaml` from `config` (with `{admin}` standing for a free admin address)
+/// plus a listen address and one tenant, and starts the gateway on it; returns the admin address.
+async fn start(dir: &Path, config: &str) -> (Gateway, SocketAddr) {
+    let admin = free_addr();
+    let path = dir.join("onedoor.yaml");
+    let text = format!(
+        "listen: {}\n{}tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n",
+        free_addr(),
+        config.replace("{admin}", &admin.to_string()),
+        hex::encode(Sha256::digest(KEY.as_bytes()))
+    );
+    std::fs::write(&path, text).unwrap();
+    (Gateway::start(&path, "only").await, admin)
 }
 
-impl Gateway {
-    /// Starts `onedoor serve --config <dir>/onedoor.yaml` and waits until it answers.
-    async fn start(dir: &Path, config: &str) -> Gateway {
-        let addr = free_addr();
-        let admin = free_addr();
-        let path = dir.join("onedoor.yaml");
-        let text = format!(
-            "listen: {addr}\n{}tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n",
-            config.replace("{admin}", &admin.to_string()),
-            hex::encode(Sha256::digest(KEY.as_bytes()))
-        );
-        std::fs::write(&path, text).unwrap();
-        let log = dir.join("gateway.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_onedoor"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let gateway = Gateway {
-            child,
-            addr,
-            admin,
-            log,
-        };
-        let started = Instant::now();
-        while http(addr, get("/healthz", None)).await.ok().map(|(s, _)| s) != Some(200) {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the gateway did not come up:\n{}",
-                gateway.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        gateway
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([format!("-{name}"), self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -{name} failed");
-    }
-
-    /// Waits up to `within` for the process to exit.
-    async fn exit(&mut self, within: Duration) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < within,
-                "the gateway did not exit within {within:?}:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("onedoor-signals-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    common::temp_dir("signals", name)
 }
 
 /// One azure backend `name` at `url`, and the alias `chat` on it.
@@ -132,26 +57,6 @@ fn post(path: &str, body: &str) -> String {
     )
 }
 
-/// Sends one HTTP/1.0 request and reads the answer to the end of the connection (so a stream's
-/// body is all of it, without chunked framing).
-async fn http(addr: SocketAddr, request: String) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream.write_all(request.as_bytes()).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_50_open_streams_lets_them_complete_and_exits_0() {
     // Three seconds per stream: long enough to still be open well after the signal.
@@ -165,7 +70,7 @@ async fn sigterm_during_50_open_streams_lets_them_complete_and_exits_0() {
     let fleet = Fleet::start(vec![slow]).await.unwrap();
     let endpoint = fleet.endpoint("slow").unwrap();
     let dir = temp_dir("sigterm");
-    let mut gateway = Gateway::start(
+    let (mut gateway, _admin) = start(
         &dir,
         &format!(
             "admin: {{ listen: \"{{admin}}\", token: t }}\n{}",
@@ -232,7 +137,7 @@ async fn sighup_reloads_the_config() {
     // that re-reads the config does.
     let token = dir.join("admin-token");
     std::fs::write(&token, "first-token\n").unwrap();
-    let mut gateway = Gateway::start(
+    let (mut gateway, admin) = start(
         &dir,
         &format!(
             "admin: {{ listen: \"{{admin}}\", token: \"file:{}\" }}\n{}",
@@ -241,7 +146,7 @@ async fn sighup_reloads_the_config() {
         ),
     )
     .await;
-    let backends = |token: &'static str| http(gateway.admin, get("/admin/backends", Some(token)));
+    let backends = |token: &'static str| http(admin, get("/admin/backends", Some(token)));
     assert_eq!(backends("first-token").await.unwrap().0, 200);
 
     std::fs::write(&token, "second-token\n").unwrap();

@@ -6,28 +6,21 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
 use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
 use onedoor_usage::testing::PrivatePostgres;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+mod common;
+use common::{free_addr, http, Gateway};
 
 const KEY: &str = "usage-client-key";
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("onedoor-usage-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn free_addr() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
+    common::temp_dir("usage-cli", name)
 }
 
 /// A config for one azure backend at `url` behind the alias `chat`, recording to `store`.
@@ -42,105 +35,6 @@ fn write_config(dir: &Path, url: &str, store: &str) -> PathBuf {
     );
     std::fs::write(&path, text).unwrap();
     path
-}
-
-/// `onedoor serve` on a config file, run from `dir`; killed if a test ends without stopping it.
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-impl Gateway {
-    async fn start(config: &Path, run: &str) -> Gateway {
-        let text = std::fs::read_to_string(config).unwrap();
-        let addr: SocketAddr = text
-            .lines()
-            .find_map(|l| l.strip_prefix("listen: "))
-            .unwrap()
-            .parse()
-            .unwrap();
-        let dir = config.parent().unwrap();
-        let log = dir.join(format!("gateway-{run}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_onedoor"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .current_dir(dir)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let gateway = Gateway { child, addr, log };
-        let started = Instant::now();
-        while http(addr, "GET /healthz HTTP/1.0\r\n\r\n".into())
-            .await
-            .ok()
-            .map(|(s, _)| s)
-            != Some(200)
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "the gateway did not come up:\n{}",
-                gateway.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        gateway
-    }
-
-    /// SIGTERM, then the exit status within 20 s.
-    async fn terminate(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success());
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "no exit after SIGTERM:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// One HTTP/1.0 exchange, read to the end of the connection (a stream's body is all of it).
-async fn http(addr: SocketAddr, request: String) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream.write_all(request.as_bytes()).await?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?;
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 /// Tokens the fleet reported, summed from the answers' usage blocks.
@@ -254,7 +148,7 @@ async fn sigterm_while_postgres_is_down_keeps_every_record_for_the_next_start() 
         .map(|n| tokio::spawn(chat(first.addr, n, true)))
         .collect();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let log = first.log.clone();
+    let log = first.log_path();
     let status = first.terminate().await;
     let log = std::fs::read_to_string(log).unwrap();
     assert_eq!(status.code(), Some(0), "{log}");
