@@ -4,6 +4,7 @@ The fixture starts `$ONEDOOR_BIN demo --port <free port>`, reads what it prints 
 copy-paste examples are complete, and hands the tests the URL, the key and the printed text.
 """
 
+import contextlib
 import os
 import queue
 import re
@@ -54,6 +55,20 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="session")
 def demo():
+    with running_demo() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def own_demo(tmp_path_factory):
+    """A demo for one test module alone, for tests that break its simulated upstreams."""
+    with running_demo(cwd=str(tmp_path_factory.mktemp("demo"))) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_demo(cwd: str | None = None):
+    """A fresh `onedoor demo` (in `cwd`, where it keeps its usage file), stopped on exit."""
     binary = os.environ.get("ONEDOOR_BIN", "")
     if not binary or not os.path.isfile(binary) or not os.access(binary, os.X_OK):
         pytest.fail(
@@ -66,6 +81,7 @@ def demo():
     stderr = tempfile.TemporaryFile(mode="w+", prefix="onedoor-demo-stderr-")
     proc = subprocess.Popen(
         [binary, "demo", "--port", str(port)],
+        cwd=cwd,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=stderr,

@@ -8,7 +8,7 @@ use crate::problems::Problems;
 use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
-use crate::{backends, breakers, models, realtime, regions, routing, service, tenants};
+use crate::{backends, breakers, models, realtime, regions, routing, service, telemetry, tenants};
 
 const SECTIONS: &[&str] = &[
     "listen",
@@ -23,6 +23,7 @@ const SECTIONS: &[&str] = &[
     "circuit_breakers",
     "models",
     "tenants",
+    "telemetry",
 ];
 
 /// Compile the whole tree. Problems go to `p`; when there are any the snapshot is incomplete and
@@ -59,6 +60,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         wildcard: models.wildcard,
         tenants: tenants.list,
         keys_by_hash: tenants.keys_by_hash,
+        telemetry: telemetry::telemetry(f.get("telemetry"), p),
     }
 }
 

@@ -16,6 +16,7 @@ mod routing;
 mod secrets;
 mod service;
 mod summary;
+mod telemetry;
 mod tenants;
 #[cfg(test)]
 mod testing;

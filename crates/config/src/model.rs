@@ -67,6 +67,34 @@ pub struct Snapshot {
     pub tenants: Vec<Tenant>,
     /// sha256 digest of a client key -> (tenant, index into that tenant's `keys`).
     pub keys_by_hash: HashMap<[u8; 32], (TenantId, usize)>,
+    pub telemetry: Telemetry,
+}
+
+/// The `telemetry` section: where the gateway sends its traces, if anywhere.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Telemetry {
+    /// OpenTelemetry traces over OTLP/HTTP; `None` (the default) builds no spans at all.
+    pub otlp: Option<Otlp>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Otlp {
+    /// The collector's traces URL (`.../v1/traces`); `None`: the exporter reads
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT`, else localhost:4318.
+    pub endpoint: Option<String>,
+    /// `service.name` of every span. Default `onedoor`.
+    pub service_name: String,
+    /// Sent with every export, names in lowercase; the values are secrets (collector tokens).
+    pub headers: Vec<(String, Secret)>,
+    /// The share of traces this gateway starts that are sampled (0 to 1); a request whose
+    /// `traceparent` says sampled or not follows its caller.
+    pub sample_ratio: f64,
+    /// The longest a finished span waits before it is sent.
+    pub export_interval: Duration,
+    /// How long one export may take, retries included.
+    pub timeout: Duration,
+    /// Finished spans waiting for export; more are dropped (and counted), never waited for.
+    pub max_queue: usize,
 }
 
 #[derive(Debug, Clone)]

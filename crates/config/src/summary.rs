@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use crate::model::{Snapshot, StoreKind};
+use crate::model::{Otlp, Snapshot, StoreKind};
 
 pub(crate) fn summary(s: &Snapshot) -> String {
     let mut out = format!("{}: ", s.source.display());
@@ -55,10 +55,25 @@ pub(crate) fn summary(s: &Snapshot) -> String {
     };
     let _ = write!(
         out,
-        ". Clients on {}, admin on {}{admin}; state {store}; {usage}.",
+        ". Clients on {}, admin on {}{admin}; state {store}; {usage}",
         s.listen, s.admin.listen
     );
+    if let Some(otlp) = &s.telemetry.otlp {
+        let _ = write!(out, "; traces over OTLP to {}", collector(otlp));
+    }
+    out.push('.');
     out
+}
+
+/// Where traces go, as scheme and host only: a path or query may carry a token.
+fn collector(otlp: &Otlp) -> String {
+    let Some(endpoint) = &otlp.endpoint else {
+        return "the collector OTEL_EXPORTER_OTLP_ENDPOINT names".to_owned();
+    };
+    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("http", endpoint));
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = authority.rsplit('@').next().unwrap_or(authority);
+    format!("{scheme}://{host}")
 }
 
 /// `3 backends: a, b, c` or `no backends`.

@@ -1,6 +1,6 @@
 //! The admin API on its own port, behind the admin bearer token: backends with their learned
 //! state (not-served deployments, cooldowns, drained, health), tenants' usage against their
-//! limits, drains and config reloads.
+//! limits, drains, config reloads, and the operator dashboard's data.
 
 use std::sync::Arc;
 
@@ -21,6 +21,10 @@ pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Bod
     if path == "/healthz" {
         return answer(StatusCode::OK, r#"{"status":"ok"}"#.into());
     }
+    // The page carries no data: what it shows comes from `/admin/dashboard`, behind the token.
+    if let Some(page) = crate::dashboard::asset(request.method(), path) {
+        return page;
+    }
     let public = path == "/metrics" && runtime.snapshot.admin.metrics_public;
     if !public && !authorized(&runtime, &request) {
         return answer(
@@ -30,6 +34,10 @@ pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Bod
     }
     match (request.method().as_str(), path) {
         ("GET", "/admin/backends") => answer(StatusCode::OK, backends(&runtime).await.to_string()),
+        ("GET", "/admin/dashboard") => answer(
+            StatusCode::OK,
+            crate::dashboard::data(&runtime).await.to_string(),
+        ),
         ("GET", "/admin/tenants") => answer(
             StatusCode::OK,
             crate::admission::usage_view(&runtime).await.to_string(),
@@ -85,7 +93,8 @@ async fn metrics(runtime: &Runtime) -> Response<Body> {
     response
 }
 
-async fn backends(runtime: &Runtime) -> serde_json::Value {
+/// `GET /admin/backends`, also part of the dashboard's data.
+pub(crate) async fn backends(runtime: &Runtime) -> serde_json::Value {
     let now = now_ms();
     let not_served = runtime.state.not_served().await.unwrap_or_default();
     let cooldowns = runtime.state.cooldowns().await.unwrap_or_default();

@@ -18,13 +18,14 @@ use http_body_util::BodyExt;
 use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
 use onedoor_state::{
     Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, State,
-    Store, Verdict,
+    Store, Unavailable, Verdict,
 };
 
 use crate::body::{Body, BoxError};
 use crate::errors::GatewayError;
 use crate::request::{ClientRequest, Operation};
-use crate::router::Candidate;
+use crate::router::{self, Candidate, Plan};
+use crate::runtime::Runtime;
 use crate::tokens::{ChatFields, Encoding, Estimator};
 use crate::usage::{UsageReport, UsageSource};
 
@@ -289,8 +290,33 @@ pub struct Request<'a> {
     pub operation: Operation,
 }
 
-/// Reserves the request against its tenant's and key's limits, or says which one refuses it.
-pub async fn admit(request: Request<'_>) -> Result<Admission, (GatewayError, RateHeaders)> {
+/// What admitting a request comes to: reserving it against its tenant's and key's limits (or
+/// saying which one refuses it), and its plan of targets; both read in one round trip to the
+/// state store when the tenant has limits.
+pub async fn admit_and_plan(
+    request: Request<'_>,
+    runtime: &Runtime,
+) -> (
+    Result<Admission, (GatewayError, RateHeaders)>,
+    Result<Plan, Unavailable>,
+) {
+    let (alias, requested, tenant) = (request.alias, request.requested, request.tenant);
+    let Some((ask, estimate)) = ask_of(&request).await else {
+        let plan = router::plan(runtime, alias, requested, tenant, request.operation).await;
+        return (Ok(Admission::unlimited()), plan);
+    };
+    let (verdict, plan) =
+        router::plan_admitting(runtime, &ask, alias, requested, tenant, request.operation).await;
+    (conclude(&request, ask, estimate, verdict), plan)
+}
+
+/// The reservation `request` asks for, with the estimate it is made of; `None` for a caller
+/// without limits.
+async fn ask_of(request: &Request<'_>) -> Option<(Ask, Option<Estimate>)> {
+    let limited = |limits: &Limits| meter_limits(limits).is_some();
+    if !limited(&request.tenant.limits) && !limited(&request.key.limits) {
+        return None;
+    }
     let meters: Vec<(MeterKey, MeterLimits)> = [
         (
             MeterKey::tenant(&request.tenant.name),
@@ -305,7 +331,7 @@ pub async fn admit(request: Request<'_>) -> Result<Admission, (GatewayError, Rat
     .filter_map(|(key, limits)| Some((key, limits?)))
     .collect();
     if meters.is_empty() {
-        return Ok(Admission::unlimited());
+        return None;
     }
     let estimate = match meters.iter().any(|(_, l)| needs_tokens(l)) {
         true => {
@@ -334,11 +360,16 @@ pub async fn admit(request: Request<'_>) -> Result<Admission, (GatewayError, Rat
         charge,
         enforce: true,
     };
-    let verdict = request
-        .store
-        .admit(&ask)
-        .await
-        .map_err(|_| (GatewayError::StateUnavailable, RateHeaders::default()))?;
+    Some((ask, estimate))
+}
+
+fn conclude(
+    request: &Request<'_>,
+    ask: Ask,
+    estimate: Option<Estimate>,
+    verdict: Result<Verdict, Unavailable>,
+) -> Result<Admission, (GatewayError, RateHeaders)> {
+    let verdict = verdict.map_err(|_| (GatewayError::StateUnavailable, RateHeaders::default()))?;
     match verdict {
         Verdict::Admitted(reservation) => Ok(Admission {
             headers: RateHeaders::of(&ask.meters, &reservation.usage),
@@ -351,7 +382,7 @@ pub async fn admit(request: Request<'_>) -> Result<Admission, (GatewayError, Rat
         }),
         Verdict::Refused(refusal) => {
             let headers = RateHeaders::of(&ask.meters, &refusal.usage);
-            Err((refused(&request, &refusal, estimate), headers))
+            Err((refused(request, &refusal, estimate), headers))
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct Dispatch {
     pub dialect: Dialect,
     /// Keep the streamed text, so a cut stream can be continued.
     pub continues_cut_streams: bool,
+    /// The upstream's `traceparent`, when the request is traced over OTLP.
+    pub traceparent: Option<Arc<crate::telemetry::Traceparent>>,
 }
 
 impl Dispatch {
@@ -65,7 +67,7 @@ impl Dispatch {
             .credentials
             .get(candidate.backend)
             .and_then(Option::as_ref);
-        let wire = provider::build(
+        let mut wire = provider::build(
             backend,
             credential,
             &candidate.deployment,
@@ -76,6 +78,9 @@ impl Dispatch {
             Unsendable::Invalid(message) => provider::refusal(&message),
             other => Failure::ConnectError(other.to_string()),
         })?;
+        if let Some(traceparent) = &self.traceparent {
+            traceparent.stamp(&mut wire.headers);
+        }
         let pin = (self.operation == Operation::Responses)
             .then(|| ResponsePin::new(runtime.state.clone(), &backend.name));
         let now = Instant::now();

@@ -16,6 +16,7 @@ use crate::fleet;
 use crate::outcome::{verdict, Verdict};
 use crate::router::{Candidate, Excluded, Fitness, Plan};
 use crate::runtime::Runtime;
+use crate::telemetry::Attempts;
 use crate::upstream::Failure;
 
 /// How long a target that answered 429 without any Retry-After is left alone.
@@ -29,6 +30,8 @@ pub struct Trail {
     pub upstream: Duration,
     /// The decision trace, when the request asked for one and may have it.
     pub trace: Option<Box<crate::trace::Decision>>,
+    /// Each attempt's timing and outcome, when the request is traced over OTLP.
+    pub spans: Option<Attempts>,
 }
 
 impl Trail {
@@ -191,6 +194,9 @@ impl<'a> Failover<'a> {
             let began = Instant::now();
             let attempted = attempt(candidate.clone()).await;
             trail.upstream += began.elapsed();
+            if let Some(spans) = trail.spans.as_mut() {
+                spans.push(&candidate, began, attempted.as_ref().err());
+            }
             if let (Some(trace), Some(fitness)) = (trail.trace.as_mut(), fitness) {
                 let (outcome, detail) = match &attempted {
                     Ok(_) => ("200".to_owned(), None),

@@ -3,6 +3,7 @@
 //! state behind the `onedoor_state::State` trait.
 
 mod access_log;
+mod activity;
 mod admin;
 mod admission;
 mod affinity;
@@ -10,6 +11,7 @@ mod attempt;
 mod auth;
 pub mod body;
 mod breaker;
+mod dashboard;
 mod errors;
 mod failover;
 mod fleet;
@@ -31,6 +33,7 @@ mod server;
 mod session_token;
 mod stream;
 mod surface;
+mod telemetry;
 pub mod tokens;
 mod trace;
 pub mod translate;
@@ -112,6 +115,9 @@ impl Running {
         if !self.live.current().recorder.close().await {
             tracing::warn!("usage records wait in the journal: the usage store did not take them; the next start replays them");
         }
+        if let Some(telemetry) = self.live.current().telemetry.clone() {
+            telemetry.close().await;
+        }
     }
 }
 
@@ -176,6 +182,7 @@ fn launch(
     let (shutdown, watcher) = watch::channel(false);
     let mut runtime = Runtime::new(Arc::new(snapshot), state);
     runtime.recorder = recording::start(&runtime.snapshot);
+    runtime.telemetry = telemetry::start(&runtime.snapshot);
     let seen = source.as_ref().map(|s| s.seen);
     let live = Arc::new(Live::new(runtime, source.map(|s| s.path), watcher.clone()));
     let addr = local_addr(&client);
@@ -192,7 +199,9 @@ fn launch(
         move |request| admin::handle(for_admins.clone(), request),
         watcher.clone(),
     ));
-    let mut tasks = vec![clients, admins];
+    let activity = live.current().metrics.activity.clone();
+    let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));
+    let mut tasks = vec![clients, admins, sampler];
     if let Some(seen) = seen {
         tasks.push(tokio::spawn(reload::watch_file(
             live.clone(),

@@ -121,9 +121,12 @@ pub struct Metrics {
     headroom: Family<HeadroomLabels, Gauge>,
     not_served: Gauge,
     usage_records: Family<OutcomeLabel, Gauge>,
+    spans: Family<OutcomeLabel, Gauge>,
     tenant_in_flight: Family<TenantLabel, Gauge>,
     transitions: Family<TransitionLabels, Counter>,
     malformed: Family<BackendLabels, Counter>,
+    /// The same answers, tokens and cost as totals over time, for the dashboard.
+    pub activity: std::sync::Arc<crate::activity::Activity>,
 }
 
 /// A request counted in its tenant's in-flight gauge until dropped (a stream's at its end).
@@ -161,9 +164,11 @@ impl Metrics {
             headroom: Family::default(),
             not_served: Gauge::default(),
             usage_records: Family::default(),
+            spans: Family::default(),
             tenant_in_flight: Family::default(),
             transitions: Family::default(),
             malformed: Family::default(),
+            activity: std::sync::Arc::default(),
             registry: Registry::default(),
         };
         let m = &metrics;
@@ -240,6 +245,11 @@ impl Metrics {
             m.usage_records.clone(),
         );
         r.register(
+            "spans",
+            "OpenTelemetry spans of the running exporter by fate (exported, dropped, failed, queued)",
+            m.spans.clone(),
+        );
+        r.register(
             "tenant_in_flight",
             "Requests of a tenant under way on this instance (streams until they end)",
             m.tenant_in_flight.clone(),
@@ -301,6 +311,9 @@ impl Metrics {
 
     /// A finished request's usage record: tokens, cost and timings.
     pub fn finished(&self, record: &UsageRecord) {
+        let tokens = &record.tokens;
+        self.activity
+            .finished(tokens.input, tokens.output, record.cost_usd);
         let source = record.tokens.source.as_str();
         for (kind, count) in [
             ("input", record.tokens.input),
@@ -352,6 +365,9 @@ impl Metrics {
     pub async fn scrape(&self, runtime: &Runtime) -> String {
         self.read_gauges(runtime).await;
         self.read_recorder(runtime.recorder.stats());
+        if let Some(telemetry) = &runtime.telemetry {
+            self.read_spans(telemetry.stats());
+        }
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
@@ -427,6 +443,18 @@ impl Metrics {
             self.usage_records
                 .get_or_create(&OutcomeLabel { outcome })
                 .set(n);
+        }
+    }
+
+    fn read_spans(&self, stats: crate::telemetry::SpanStats) {
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (outcome, n) in [
+            ("exported", count(stats.exported)),
+            ("dropped", count(stats.dropped)),
+            ("failed", count(stats.failed)),
+            ("queued", i64::try_from(stats.queued).unwrap_or(i64::MAX)),
+        ] {
+            self.spans.get_or_create(&OutcomeLabel { outcome }).set(n);
         }
     }
 }

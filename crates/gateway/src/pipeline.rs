@@ -11,6 +11,7 @@ use onedoor_config::{Alias, Snapshot, Tenant};
 use tokio::time::Instant;
 
 use crate::access_log::{self, Line};
+use crate::activity::Answered;
 use crate::admission::{self, RateHeaders};
 use crate::affinity;
 use crate::attempt::{Answer, Continuation, Dispatch};
@@ -23,10 +24,11 @@ use crate::provider;
 use crate::realtime;
 use crate::recording::{self, Ended, Estimate};
 use crate::request::{ClientRequest, Operation};
-use crate::router::{self, Candidate, Plan};
+use crate::router::{Candidate, Plan};
 use crate::runtime::Runtime;
 use crate::session_token;
 use crate::surface::{self, AliasSource, Dialect, Route};
+use crate::telemetry::{self, Attempts, RequestSpan};
 use crate::trace::{self, Decision};
 use crate::upstream::Failure;
 use crate::usage::{self, Usage, UsageReport};
@@ -50,6 +52,8 @@ struct Exchange {
     usage: Option<UsageReport>,
     /// The request in its tenant's in-flight gauge.
     entered: Option<crate::metrics::Entered>,
+    /// The request's span, when it is traced over OTLP.
+    span: Option<Box<RequestSpan>>,
 }
 
 pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Response<Body> {
@@ -59,6 +63,7 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let mut exchange = Exchange::default();
+    exchange.span = telemetry::begin(&runtime, &request, started, &mut exchange.trail);
     let response = match serve(&runtime, request, &id, &mut exchange).await {
         Ok(response) => response,
         Err(error) => error.into_response_in(surface::dialect_of(&path)),
@@ -82,6 +87,10 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Respon
                 tokens: exchange.tokens,
                 usage: exchange.usage.clone(),
                 entered,
+                span: exchange
+                    .span
+                    .take()
+                    .map(|span| span.attempted(exchange.trail.spans.take())),
             };
             recording::hand_off(&runtime, ended, response)
         }
@@ -123,6 +132,17 @@ async fn observe(
         status,
         error_code(response),
     );
+    metrics.activity.answered(&Answered {
+        status,
+        code: error_code(response),
+        tenant: exchange.tenant.as_deref(),
+        alias: exchange.alias.as_deref(),
+        backend: exchange
+            .backend
+            .and_then(|b| runtime.snapshot.backends.get(b))
+            .map(|b| b.name.as_str()),
+        attempts: &exchange.trail.attempts,
+    });
     metrics.attempted(&exchange.trail.attempts);
     metrics.overhead(started.elapsed(), exchange.trail.upstream);
     if let Some(decision) = exchange.trail.trace.take() {
@@ -275,6 +295,7 @@ impl<'a> Call<'a> {
             operation,
             dialect,
             continues_cut_streams: false,
+            traceparent: None,
         };
         Ok(Call {
             dispatch,
@@ -298,7 +319,11 @@ impl<'a> Call<'a> {
         }
         let (alias, alias_index) = resolved?;
         let operation = self.dispatch.operation;
-        let admitted = admission::admit(admission::Request {
+        if let Some(span) = exchange.span.as_mut() {
+            span.call(&self.request);
+            self.dispatch.traceparent = exchange.trail.spans.as_ref().map(Attempts::traceparent);
+        }
+        let request = admission::Request {
             snapshot,
             store: &runtime.state,
             tenant: self.caller.tenant,
@@ -307,8 +332,8 @@ impl<'a> Call<'a> {
             requested: &self.name,
             body: &self.request,
             operation,
-        })
-        .await;
+        };
+        let (admitted, plan) = admission::admit_and_plan(request, &runtime).await;
         if let Some(trace) = exchange.trail.trace.as_mut() {
             let (limits, refused) = match &admitted {
                 Ok(admission) => (&admission.headers, None),
@@ -326,9 +351,7 @@ impl<'a> Call<'a> {
             error
         })?;
         exchange.limits = Some(admission.headers);
-        let mut plan = router::plan(&runtime, alias, &self.name, self.caller.tenant, operation)
-            .await
-            .map_err(|_| GatewayError::StateUnavailable)?;
+        let mut plan = plan.map_err(|_| GatewayError::StateUnavailable)?;
         if let Some(previous) = self.request.previous_response_id.as_deref() {
             follow(&runtime, &mut plan, previous).await?;
         }
@@ -353,10 +376,16 @@ impl<'a> Call<'a> {
             false => Vec::new(),
         };
         let deadline = Instant::now() + snapshot.routing.timeouts.total;
+        // The gateway's own prompt count is read only where no usage may come with the answer
+        // (a stream) or a trace shows it: a whole answer carries its usage, measured or counted.
+        let wants_prompt = self.request.stream || exchange.trail.trace.is_some();
         let (prompt, tokens) = match admission.estimate {
             Some(counted) => (counted.prompt, counted.prompt + counted.completion),
             None => (
-                self.request.prompt_estimate(),
+                match wants_prompt {
+                    true => self.request.prompt_estimate(),
+                    false => 0,
+                },
                 self.request.estimated_tokens(operation),
             ),
         };
@@ -385,7 +414,11 @@ impl<'a> Call<'a> {
                 exchange.deployment = Some(candidate.deployment.clone());
                 let answering = match self.dispatch.continues_cut_streams {
                     true => relay.continued_by(Box::new(Continuation {
-                        dispatch: self.dispatch.clone(),
+                        // Continuations have no spans: their upstreams are not told a parent.
+                        dispatch: Dispatch {
+                            traceparent: None,
+                            ..self.dispatch.clone()
+                        },
                         request: self.request.clone(),
                         fallbacks: fallbacks
                             .into_iter()
@@ -419,6 +452,9 @@ impl<'a> Call<'a> {
                 exchange.deployment = Some(candidate.deployment.clone());
                 exchange.usage = Some(usage::reported(usage));
                 exchange.tokens = Some(recording::tokens_of(&usage));
+                if let Some(span) = exchange.span.as_mut() {
+                    span.answered(&body);
+                }
                 if let Some(trace) = exchange.trail.trace.as_mut() {
                     trace.set(
                         "tokens_measured",

@@ -19,6 +19,7 @@ use crate::access_log::{self, Line};
 use crate::body::{Body, BoxError};
 use crate::metrics::Metrics;
 use crate::runtime::Runtime;
+use crate::telemetry::RequestSpan;
 use crate::usage::{Usage, UsageReport, UsageSource};
 
 /// The recorder for a snapshot's `usage` settings; off (and logged) when it cannot start.
@@ -79,6 +80,8 @@ pub struct Ended<'a> {
     pub usage: Option<UsageReport>,
     /// The request in its tenant's in-flight gauge, until its record is written.
     pub entered: Option<crate::metrics::Entered>,
+    /// The request's span, when it is traced: it ends with the record.
+    pub span: Option<Box<RequestSpan>>,
 }
 
 /// The usage record's tokens for a gateway [`Usage`].
@@ -105,6 +108,7 @@ pub fn hand_off(
     let mut pending = Pending::new(&runtime.snapshot, &ended, response.status().as_u16());
     pending.metrics = Some(runtime.metrics.clone());
     pending.entered = ended.entered.take();
+    pending.span = ended.span.take();
     pending.error = response
         .headers()
         .get("x-onedoor-error")
@@ -163,6 +167,8 @@ struct Pending {
     error: Option<String>,
     /// Leaves the tenant's in-flight gauge when the record is delivered.
     entered: Option<crate::metrics::Entered>,
+    /// Ends when the record is delivered.
+    span: Option<Box<RequestSpan>>,
 }
 
 impl Pending {
@@ -206,6 +212,7 @@ impl Pending {
             metrics: None,
             error: None,
             entered: None,
+            span: None,
         }
     }
 
@@ -214,12 +221,16 @@ impl Pending {
     }
 
     /// Finishes the record, counts it in the metrics and the access log, and records it.
-    fn deliver(self, recorder: &Recorder, tokens: Tokens, ttft: Option<Instant>, cut: bool) {
+    fn deliver(mut self, recorder: &Recorder, tokens: Tokens, ttft: Option<Instant>, cut: bool) {
         let metrics = self.metrics.clone();
         let error = self.error.clone();
+        let span = self.span.take();
         let record = self.finish(tokens, ttft, cut);
         if let Some(metrics) = metrics {
             metrics.finished(&record);
+        }
+        if let Some(span) = span {
+            span.end(&record, error.as_deref());
         }
         access_log::write(&Line::of(&record, error.as_deref()));
         recorder.record(record);

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use onedoor_config::{Alias, BackendId, Tenant};
 use onedoor_state::{
-    now_ms, BackendQuery, Exclusion, MeterUsage, RoutingQuery, State, TargetView, Unavailable,
+    now_ms, Ask, BackendQuery, Exclusion, MeterUsage, RoutingQuery, RoutingView, State,
+    Unavailable, Verdict,
 };
 
 use crate::provider;
@@ -69,13 +70,56 @@ pub async fn plan(
     tenant: &Tenant,
     operation: Operation,
 ) -> Result<Plan, Unavailable> {
+    let opening = open(runtime, alias, requested, tenant, operation);
+    if opening.open.is_empty() {
+        return Ok(opening.plan);
+    }
+    let reading = Reading::of(runtime, &opening.open);
+    let view = runtime.state.routing(reading.query()).await?;
+    let ids = reading.ids;
+    Ok(opening.finish(runtime, ids, view))
+}
+
+/// [`State::admit`] of `ask`, then [`plan`], in the one round trip to the state store that
+/// [`State::admit_and_route`] makes of them.
+pub async fn plan_admitting(
+    runtime: &Runtime,
+    ask: &Ask,
+    alias: &Alias,
+    requested: &str,
+    tenant: &Tenant,
+    operation: Operation,
+) -> (Result<Verdict, Unavailable>, Result<Plan, Unavailable>) {
+    let opening = open(runtime, alias, requested, tenant, operation);
+    if opening.open.is_empty() {
+        return (runtime.state.admit(ask).await, Ok(opening.plan));
+    }
+    let reading = Reading::of(runtime, &opening.open);
+    let (verdict, view) = runtime.state.admit_and_route(ask, reading.query()).await;
+    let ids = reading.ids;
+    (verdict, view.map(|view| opening.finish(runtime, ids, view)))
+}
+
+/// A plan before the shared state is read: what the config and this instance's flags decide.
+struct Opening {
+    plan: Plan,
+    /// The candidates the state decides about.
+    open: Vec<Candidate>,
+}
+
+fn open(
+    runtime: &Runtime,
+    alias: &Alias,
+    requested: &str,
+    tenant: &Tenant,
+    operation: Operation,
+) -> Opening {
     let snapshot = &runtime.snapshot;
     let mut plan = Plan {
         candidates: Vec::with_capacity(alias.targets.len()),
         excluded: Vec::new(),
         usage: vec![None; snapshot.backends.len()],
     };
-    // What the config and this instance's flags decide first; the state only for the rest.
     let mut open = Vec::with_capacity(alias.targets.len());
     for target in &alias.targets {
         let Some(backend) = snapshot.backends.get(target.backend) else {
@@ -101,78 +145,89 @@ pub async fn plan(
             None => open.push(candidate),
         }
     }
-    if open.is_empty() {
-        return Ok(plan);
-    }
-    let (targets, backends) = view_of(runtime, &open).await?;
-    let now = now_ms();
-    for (id, view) in &backends {
-        runtime.breakers.learn(*id, view.breaker, now);
-        if let Some(slot) = plan.usage.get_mut(*id) {
-            *slot = view.usage;
-        }
-    }
-    for (candidate, view) in open.into_iter().zip(targets) {
-        let breaker = runtime
-            .breakers
-            .blocked_until(candidate.backend, now)
-            .map(|until_ms| Excluded::BreakerOpen { until_ms });
-        let exclusion = match view.exclusion {
-            Some(Exclusion::NotServed { .. }) => Some(Excluded::NotServed),
-            // Whichever keeps the target out longer is the one that says when to come back.
-            Some(Exclusion::CoolingDown { remaining_ms }) => {
-                let until_ms = now + remaining_ms;
-                match breaker {
-                    Some(Excluded::BreakerOpen { until_ms: open }) if open > until_ms => breaker,
-                    _ => Some(Excluded::CoolingDown { until_ms }),
-                }
-            }
-            None => breaker,
-        };
-        match exclusion {
-            Some(reason) => plan.excluded.push((candidate, reason)),
-            None => plan.candidates.push(prefer_known(candidate, view.served)),
-        }
-    }
-    Ok(plan)
+    Opening { plan, open }
 }
 
-/// One read of the shared state for `open`'s targets and their backends.
-async fn view_of(
-    runtime: &Runtime,
-    open: &[Candidate],
-) -> Result<
-    (
-        Vec<TargetView>,
-        Vec<(BackendId, onedoor_state::BackendView)>,
-    ),
-    Unavailable,
-> {
-    let backends = &runtime.snapshot.backends;
-    let name = |id: BackendId| backends.get(id).map_or("?", |b| b.name.as_str());
-    let targets: Vec<(&str, &str)> = open
-        .iter()
-        .map(|c| (name(c.backend), c.deployment.as_str()))
-        .collect();
-    let mut ids: Vec<BackendId> = open.iter().map(|c| c.backend).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let query: Vec<BackendQuery<'_>> = ids
-        .iter()
-        .map(|&id| BackendQuery {
-            name: name(id),
-            breaker: runtime.breakers.record_id(id),
-            metered: runtime.load(id).is_some_and(|l| l.metered()),
-        })
-        .collect();
-    let view = runtime
-        .state
-        .routing(RoutingQuery {
-            targets: &targets,
-            backends: &query,
-        })
-        .await?;
-    Ok((view.targets, ids.into_iter().zip(view.backends).collect()))
+impl Opening {
+    /// The plan, once the state said what it knows about the open candidates' targets and
+    /// their backends (`ids`, in the order of `view.backends`).
+    fn finish(self, runtime: &Runtime, ids: Vec<BackendId>, view: RoutingView) -> Plan {
+        let Opening { mut plan, open } = self;
+        let now = now_ms();
+        for (id, backend) in ids.into_iter().zip(&view.backends) {
+            runtime.breakers.learn(id, backend.breaker, now);
+            if let Some(slot) = plan.usage.get_mut(id) {
+                *slot = backend.usage;
+            }
+        }
+        for (candidate, view) in open.into_iter().zip(view.targets) {
+            let breaker = runtime
+                .breakers
+                .blocked_until(candidate.backend, now)
+                .map(|until_ms| Excluded::BreakerOpen { until_ms });
+            let exclusion = match view.exclusion {
+                Some(Exclusion::NotServed { .. }) => Some(Excluded::NotServed),
+                // Whichever keeps the target out longer is the one that says when to come back.
+                Some(Exclusion::CoolingDown { remaining_ms }) => {
+                    let until_ms = now + remaining_ms;
+                    match breaker {
+                        Some(Excluded::BreakerOpen { until_ms: open }) if open > until_ms => {
+                            breaker
+                        }
+                        _ => Some(Excluded::CoolingDown { until_ms }),
+                    }
+                }
+                None => breaker,
+            };
+            match exclusion {
+                Some(reason) => plan.excluded.push((candidate, reason)),
+                None => plan.candidates.push(prefer_known(candidate, view.served)),
+            }
+        }
+        plan
+    }
+}
+
+/// What one read of the shared state asks about `open`'s targets and their backends.
+struct Reading<'a> {
+    targets: Vec<(&'a str, &'a str)>,
+    /// The backends, each once, in the order the view answers for them.
+    ids: Vec<BackendId>,
+    backends: Vec<BackendQuery<'a>>,
+}
+
+impl<'a> Reading<'a> {
+    fn of(runtime: &'a Runtime, open: &'a [Candidate]) -> Self {
+        let backends = &runtime.snapshot.backends;
+        let name = |id: BackendId| backends.get(id).map_or("?", |b| b.name.as_str());
+        let targets = open
+            .iter()
+            .map(|c| (name(c.backend), c.deployment.as_str()))
+            .collect();
+        let mut ids: Vec<BackendId> = open.iter().map(|c| c.backend).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let backends = ids
+            .iter()
+            .map(|&id| BackendQuery {
+                name: name(id),
+                breaker: runtime.breakers.record_id(id),
+                metered: runtime.load(id).is_some_and(|l| l.metered()),
+            })
+            .collect();
+        Reading {
+            targets,
+            ids,
+            backends,
+        }
+    }
+
+    fn query(&self) -> RoutingQuery<'_> {
+        RoutingQuery {
+            targets: &self.targets,
+            backends: &self.backends,
+        }
+    }
 }
 
 /// Discovery asks unknown backends only when no backend known to serve the name is left: inside

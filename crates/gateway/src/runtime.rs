@@ -40,6 +40,8 @@ pub struct Runtime {
     pub metrics: Arc<Metrics>,
     /// Recent decision traces; shared by every runtime of the gateway.
     pub traces: Arc<crate::trace::Traces>,
+    /// The span exporter, when `telemetry.otlp` is configured; shared while it is unchanged.
+    pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
 }
 
 impl Runtime {
@@ -73,6 +75,7 @@ impl Runtime {
             sessions: Arc::default(),
             metrics: Arc::default(),
             traces: Arc::default(),
+            telemetry: None,
         }
     }
 
@@ -88,6 +91,7 @@ impl Runtime {
         next.sessions = self.sessions.clone();
         next.metrics = self.metrics.clone();
         next.traces = self.traces.clone();
+        next.telemetry = crate::telemetry::carry_over(&self.telemetry, &next.snapshot);
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&backend.name) else {
                 continue;

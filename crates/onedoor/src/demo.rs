@@ -263,6 +263,10 @@ What the gateway has learned (not-served deployments, cooldowns):
 
 curl -s {admin}/admin/backends -H "Authorization: Bearer {admin_token}"
 
+The dashboard (backends, breakers, tenants' limits, the last hour's traffic, recent errors):
+
+{admin}/dashboard#token={admin_token}
+
 Every request is a usage record in ./{DEMO_USAGE_FILE}; chargeback per tenant, alias and backend:
 
 onedoor usage report --by tenant,alias,backend

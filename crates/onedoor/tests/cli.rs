@@ -65,6 +65,7 @@ fn validate_summarises_a_good_config_without_its_secrets() {
         .env("AOAI_SUB1_SE_KEY", "se-secret-value")
         .env("AOAI_SUB1_FR_KEY", "fr-secret-value")
         .env("AOAI_SUB2_US_KEY", "us-secret-value")
+        .env("OTLP_TOKEN", "otlp-secret-value")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

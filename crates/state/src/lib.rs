@@ -130,6 +130,17 @@ pub trait State: Send + Sync + 'static {
     /// Checks every meter of `ask` against its limits and, only when all have room, charges all
     /// of them at once. With `ask.enforce` false it only counts.
     fn admit(&self, ask: &Ask) -> impl Future<Output = Result<Verdict, Unavailable>> + Send;
+    /// [`State::admit`], then [`State::routing`], exactly as the two calls one after the other
+    /// would do them, but in one round trip where the store can send both at once (a request's
+    /// admission and its routing view). The routing view is read whatever the verdict.
+    fn admit_and_route(
+        &self,
+        ask: &Ask,
+        query: RoutingQuery<'_>,
+    ) -> impl Future<Output = (Result<Verdict, Unavailable>, Result<RoutingView, Unavailable>)> + Send
+    {
+        async move { (self.admit(ask).await, self.routing(query).await) }
+    }
     /// Replaces a reservation's charge with the final numbers and, when asked, ends its time in
     /// flight.
     fn settle(

@@ -10,7 +10,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisResult, Script};
+use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::breaker::{BreakerPhase, BreakerRecord, Claim};
 use crate::meter::{
@@ -132,6 +132,38 @@ fn unfield(field: &str) -> Option<TargetKey> {
     let backend = rest.get(..len)?;
     let deployment = rest.get(len..)?;
     Some(TargetKey::new(backend, deployment))
+}
+
+/// An `EVALSHA` of `script` with `keys` keys, for a pipeline; the keys and arguments follow.
+fn evalsha(script: &Script, keys: usize) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys);
+    cmd
+}
+
+/// Sends script calls in one pipeline, in order, and reads each one's numbers. A script this
+/// Redis does not hold yet (after a restart or a `SCRIPT FLUSH`) is loaded and only that call
+/// is sent again: a call that ran is never repeated.
+async fn pipelined<const N: usize>(
+    connection: &mut ConnectionManager,
+    calls: [(&Script, Cmd); N],
+) -> RedisResult<[Vec<i64>; N]> {
+    let mut pipe = redis::pipe();
+    for (_, cmd) in &calls {
+        pipe.add_command(cmd.clone());
+    }
+    let replies: Vec<Value> = pipe.ignore_errors().query_async(connection).await?;
+    let mut out: [Vec<i64>; N] = std::array::from_fn(|_| Vec::new());
+    for ((slot, (script, cmd)), reply) in out.iter_mut().zip(&calls).zip(replies) {
+        *slot = match reply {
+            Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript) => {
+                script.load_async(connection).await?;
+                cmd.query_async(connection).await?
+            }
+            reply => redis::from_redis_value(reply.extract_error()?)?,
+        };
+    }
+    Ok(out)
 }
 
 fn limit_arg(limit: Option<u64>) -> i64 {
@@ -388,6 +420,36 @@ impl RedisState {
         }
         (keys, args)
     }
+
+    /// The admission script's call for `ask`, as [`State::admit`] sends it.
+    fn admit_cmd(&self, ask: &Ask, member: u64) -> Cmd {
+        let mut cmd = evalsha(&SCRIPTS.admit, 3 * ask.meters.len());
+        for (meter, _) in &ask.meters {
+            for key in self.keys.meter(meter) {
+                cmd.arg(key);
+            }
+        }
+        cmd.arg(ask.meters.len())
+            .arg(ask.charge.tokens)
+            .arg(ask.charge.micro_usd)
+            .arg(ask.charge.lease_ms)
+            .arg(member)
+            .arg(u8::from(ask.enforce));
+        for (_, limits) in &ask.meters {
+            for limit in limits_args(limits) {
+                cmd.arg(limit);
+            }
+        }
+        cmd
+    }
+
+    /// The routing script's call for `query`, as [`State::routing`] sends it.
+    fn routing_cmd(&self, query: &RoutingQuery<'_>) -> Cmd {
+        let (keys, args) = self.routing_keys(query);
+        let mut cmd = evalsha(&SCRIPTS.routing, keys.len());
+        cmd.arg(&keys).arg(&args);
+        cmd
+    }
 }
 
 fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
@@ -540,6 +602,36 @@ impl State for RedisState {
         match values {
             Some(values) => Ok(read_verdict(&values, ask, member)),
             None => self.fallback(|local| local.admit_now(ask)),
+        }
+    }
+
+    /// Both scripts in one pipeline: Redis runs the admission, then reads the routing view, as
+    /// the two calls would, in one round trip. Each script still keeps to its own hash tag.
+    async fn admit_and_route(
+        &self,
+        ask: &Ask,
+        query: RoutingQuery<'_>,
+    ) -> (
+        Result<Verdict, Unavailable>,
+        Result<RoutingView, Unavailable>,
+    ) {
+        let member: u64 = rand::random();
+        let calls = [
+            (&SCRIPTS.admit, self.admit_cmd(ask, member)),
+            (&SCRIPTS.routing, self.routing_cmd(&query)),
+        ];
+        let values = self
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
+            .await;
+        match values {
+            Some([admitted, routing]) => (
+                Ok(read_verdict(&admitted, ask, member)),
+                Ok(read_routing(&routing, &query)),
+            ),
+            None => (
+                self.fallback(|local| local.admit_now(ask)),
+                self.fallback(|local| local.routing_now(query)),
+            ),
         }
     }
 

@@ -213,6 +213,17 @@ impl State for Store {
         delegate!(self, s => s.admit(ask))
     }
 
+    async fn admit_and_route(
+        &self,
+        ask: &Ask,
+        query: RoutingQuery<'_>,
+    ) -> (
+        Result<Verdict, Unavailable>,
+        Result<RoutingView, Unavailable>,
+    ) {
+        delegate!(self, s => s.admit_and_route(ask, query))
+    }
+
     async fn settle(&self, reservation: &Reservation, settlement: Settlement) {
         delegate!(self, s => s.settle(reservation, settlement))
     }

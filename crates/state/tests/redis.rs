@@ -296,3 +296,68 @@ async fn a_pin_is_shared_through_redis_and_expires() {
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     assert_eq!(store.pinned("responses/resp_2").await, Ok(None));
 }
+
+#[tokio::test]
+async fn admission_and_routing_view_in_one_round_trip_decide_as_two_calls_would() {
+    let store = redis("admit-and-route").await;
+    let local = onedoor_state::MemoryState::new();
+    store.cool_down(&TargetKey::new("b", "gpt-4o"), 5_000).await;
+    local.cool_down(&TargetKey::new("b", "gpt-4o"), 5_000).await;
+    let backends = [BackendQuery {
+        name: "b",
+        breaker: None,
+        metered: false,
+    }];
+    let query = RoutingQuery {
+        targets: &[("b", "gpt-4o")],
+        backends: &backends,
+    };
+    for round in 0..3 {
+        let asked = ask(Some(2), Some(100), 30);
+        let (verdict, view) = store.admit_and_route(&asked, query).await;
+        let (expected, expected_view) = local.admit_and_route(&asked, query).await;
+        let (verdict, view, expected_view) =
+            (verdict.unwrap(), view.unwrap(), expected_view.unwrap());
+        match (verdict, expected.unwrap()) {
+            (Verdict::Admitted(got), Verdict::Admitted(want)) => {
+                assert!(round < 2, "the third request is over rpm 2");
+                assert_eq!(got.usage, want.usage);
+            }
+            (Verdict::Refused(got), Verdict::Refused(want)) => {
+                assert_eq!(round, 2);
+                assert_eq!(
+                    (got.meter, got.limit, got.used),
+                    (want.meter, want.limit, want.used)
+                );
+            }
+            (got, want) => panic!("redis said {got:?}, memory {want:?}"),
+        }
+        assert!(matches!(
+            view.targets[0].exclusion,
+            Some(Exclusion::CoolingDown { .. })
+        ));
+        assert_eq!(view.targets[0].served, expected_view.targets[0].served);
+        assert_eq!(view.backends, expected_view.backends);
+    }
+}
+
+#[tokio::test]
+async fn a_flushed_script_is_loaded_again_without_charging_twice() {
+    let store = redis("admit-and-route-noscript").await;
+    let client = redis::Client::open(format!("redis://{REDIS}/0")).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let query = RoutingQuery {
+        targets: &[("b", "gpt-4o")],
+        backends: &[],
+    };
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let (verdict, view) = store.admit_and_route(&ask(Some(10), None, 5), query).await;
+    assert!(matches!(verdict.unwrap(), Verdict::Admitted(_)));
+    assert!(view.unwrap().targets[0].exclusion.is_none());
+    let usage = store.usage(&[MeterKey::tenant("t")]).await.unwrap();
+    assert_eq!(usage[0].requests, 1, "the admission ran once");
+}

@@ -4,7 +4,11 @@
 //! call at index 0, arguments sent as an object, `finish_reason: stop` after tool calls. A
 //! chunk or body that needs no repair is relayed byte for byte.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::provider::EventTranslator;
@@ -203,6 +207,9 @@ impl EventTranslator for ChatEvents {
 /// A whole `chat.completion` with the same repairs, its usage, and the characters of its
 /// answer (for an estimate when it carries no usage).
 pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
+    if let Some((usage, chars)) = plain_completion(&body) {
+        return (body, usage, chars);
+    }
     let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
         return (body, None, 0);
     };
@@ -232,9 +239,82 @@ pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
     }
 }
 
+/// A chat completion as far as [`completion`] reads it, borrowed from the body: anything else
+/// in it is skipped unparsed.
+#[derive(Deserialize)]
+struct Plain<'a> {
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<PlainChoice<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct PlainChoice<'a> {
+    #[serde(borrow, default)]
+    message: Option<PlainMessage<'a>>,
+}
+
+#[derive(Deserialize)]
+struct PlainMessage<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+/// The usage and answer characters of a completion that needs no repair (no tool calls), read
+/// without building the body's tree; `None` for anything else, which [`completion`] reads whole.
+fn plain_completion(body: &[u8]) -> Option<(Option<Usage>, usize)> {
+    let plain: Plain<'_> = serde_json::from_slice(body).ok()?;
+    let mut chars = 0;
+    for choice in plain.choices.iter().flatten() {
+        let Some(message) = &choice.message else {
+            continue;
+        };
+        if message
+            .tool_calls
+            .is_some_and(|calls| calls.get() != "null")
+        {
+            return None;
+        }
+        chars += message.content.as_deref().map_or(0, |t| t.chars().count());
+    }
+    let usage = match plain.usage {
+        Some(raw) => Usage::from_openai(&serde_json::from_str(raw.get()).ok()?),
+        None => None,
+    };
+    Some((usage, chars))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_completion_without_tool_calls_is_read_without_its_tree_and_kept_byte_for_byte() {
+        let body = Bytes::from_static(
+            br#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":"h\u00e9llo"},"finish_reason":"stop","content_filter_results":{"hate":{"filtered":false}}}],"usage":{"prompt_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}"#,
+        );
+        assert!(plain_completion(&body).is_some());
+        let (out, usage, chars) = completion(body.clone());
+        assert_eq!(out, body);
+        let usage = usage.unwrap();
+        let read = (
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            usage.cached_tokens,
+        );
+        assert_eq!((read, chars), ((5, 2, 1), 5));
+        let with_tools = br#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"a","function":{"name":"f","arguments":{"x":1}}}]},"finish_reason":"stop"}]}"#;
+        assert!(plain_completion(with_tools).is_none());
+        let (repaired, _, _) = completion(Bytes::from_static(with_tools));
+        let repaired = std::str::from_utf8(&repaired).unwrap();
+        assert!(
+            repaired.contains(r#""finish_reason":"tool_calls""#),
+            "{repaired}"
+        );
+    }
 
     #[test]
     fn a_new_id_on_a_taken_index_is_a_new_call() {
