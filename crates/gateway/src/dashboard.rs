@@ -5,7 +5,6 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Response};
 
-use crate::activity::Activity;
 use crate::body::{full, Body};
 use crate::runtime::Runtime;
 
@@ -56,36 +55,27 @@ pub async fn data(runtime: &Runtime) -> serde_json::Value {
     let mut backends = crate::admin::backends(runtime).await;
     let tenants = crate::admission::usage_view(runtime).await;
     let activity = &runtime.metrics.activity;
+    let mut points = activity.history();
+    let totals = activity.now(now);
+    let oldest = points.first();
+    let errors = serde_json::json!({
+        "since_ms": oldest.map_or(activity.started_ms(), |p| p.at_ms),
+        "by_code": activity.errors_between(oldest, &totals),
+        "recent": activity.recent_errors(),
+    });
+    // The samples of the hour and the totals now, cumulative since the gateway started.
+    points.push(totals);
     serde_json::json!({
         "now_ms": now,
         "version": env!("CARGO_PKG_VERSION"),
         "backends": backends["backends"].take(),
         "tenants": tenants["tenants"],
         "state_store": tenants["state_store"],
-        "history": history(activity, now),
-        "errors": errors(activity, now),
-    })
-}
-
-/// The hour's samples and the totals now, cumulative since the gateway started.
-fn history(activity: &Activity, now: u64) -> serde_json::Value {
-    let mut points = activity.history();
-    points.push(activity.now(now));
-    serde_json::json!({
-        "every_ms": crate::activity::SAMPLE_EVERY.as_millis() as u64,
-        "started_ms": activity.started_ms(),
-        "points": points,
-    })
-}
-
-/// The last errors, and every error since the oldest sample counted by code and status.
-fn errors(activity: &Activity, now: u64) -> serde_json::Value {
-    let history = activity.history();
-    let oldest = history.first();
-    let by_code = activity.errors_between(oldest, &activity.now(now));
-    serde_json::json!({
-        "since_ms": oldest.map_or(activity.started_ms(), |p| p.at_ms),
-        "by_code": by_code,
-        "recent": activity.recent_errors(),
+        "history": {
+            "every_ms": crate::activity::SAMPLE_EVERY.as_millis() as u64,
+            "started_ms": activity.started_ms(),
+            "points": points,
+        },
+        "errors": errors,
     })
 }

@@ -146,7 +146,7 @@ async fn observe(
     metrics.attempted(&exchange.trail.attempts);
     metrics.overhead(started.elapsed(), exchange.trail.upstream);
     if let Some(decision) = exchange.trail.trace.take() {
-        trace::keep(runtime, *decision, id, status).await;
+        Box::pin(trace::keep(runtime, *decision, id, status)).await;
         if let Ok(value) = HeaderValue::from_str(id) {
             response.headers_mut().insert("x-onedoor-trace-id", value);
         }
@@ -171,13 +171,14 @@ async fn serve(
     let snapshot = &runtime.snapshot;
     match surface::route(request.method(), request.uri().path())? {
         Route::Healthz => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
-        Route::Readyz => Ok(crate::readiness::answer(runtime).await),
+        // The rare routes' futures are boxed, so every request's future stays small.
+        Route::Readyz => Ok(Box::pin(crate::readiness::answer(runtime)).await),
         Route::Models => {
             let caller = auth::authenticate(snapshot, request.headers())?;
             Ok(models(snapshot, caller.tenant))
         }
         Route::Realtime(path) => {
-            let handshake = realtime::open(runtime, request, path, id).await;
+            let handshake = Box::pin(realtime::open(runtime, request, path, id)).await;
             exchange.trail = handshake.trail;
             exchange.backend = handshake.backend;
             exchange.alias = handshake.alias;

@@ -64,7 +64,9 @@ where
                 let _ = stream.set_nodelay(true);
                 let handler = handler.clone();
                 let service = service_fn(move |request| {
-                    let future = handler(request);
+                    // Boxed: hyper keeps a slot of the service future's size for every
+                    // connection, idle or not, and moves the future into it per request.
+                    let future = Box::pin(handler(request));
                     async move { Ok::<_, Infallible>(future.await) }
                 });
                 let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();

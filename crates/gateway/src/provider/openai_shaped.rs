@@ -243,10 +243,42 @@ pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
 /// in it is skipped unparsed.
 #[derive(Deserialize)]
 struct Plain<'a> {
-    #[serde(borrow, default)]
-    usage: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<PlainUsage>,
     #[serde(borrow, default)]
     choices: Option<Vec<PlainChoice<'a>>>,
+}
+
+/// A usage block's numbers, as [`Usage::from_openai`] reads them.
+#[derive(Deserialize)]
+struct PlainUsage {
+    prompt_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    prompt_tokens_details: Option<PlainDetails>,
+    input_tokens_details: Option<PlainDetails>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct PlainDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl PlainUsage {
+    fn usage(&self) -> Option<Usage> {
+        let cached = |d: &Option<PlainDetails>| d.as_ref().and_then(|d| d.cached_tokens);
+        Some(Usage {
+            prompt_tokens: self.prompt_tokens.or(self.input_tokens)?,
+            completion_tokens: self.completion_tokens.or(self.output_tokens).unwrap_or(0),
+            cached_tokens: cached(&self.prompt_tokens_details)
+                .or_else(|| cached(&self.input_tokens_details))
+                .unwrap_or(0),
+            cache_write_tokens: self.cache_creation_input_tokens.unwrap_or(0),
+            source: crate::usage::UsageSource::Measured,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -280,11 +312,7 @@ fn plain_completion(body: &[u8]) -> Option<(Option<Usage>, usize)> {
         }
         chars += message.content.as_deref().map_or(0, |t| t.chars().count());
     }
-    let usage = match plain.usage {
-        Some(raw) => Usage::from_openai(&serde_json::from_str(raw.get()).ok()?),
-        None => None,
-    };
-    Some((usage, chars))
+    Some((plain.usage.as_ref().and_then(PlainUsage::usage), chars))
 }
 
 #[cfg(test)]
