@@ -22,7 +22,7 @@ pub struct Plan {
 
 /// One finished stream.
 struct Timing {
-    /// Request sent → the first body bytes carrying a content delta.
+    /// Request sent → the first body bytes carrying a non-empty content delta.
     ttft: Duration,
     total: Duration,
     events: usize,

@@ -15,6 +15,8 @@ pub const DESTINATION_VAR: &str = "ONEDOOR_ACCESS_LOG";
 
 /// Lines waiting for the writer; past this the log drops lines rather than slow requests.
 const QUEUE: usize = 16_384;
+/// A line with every field filled and long names is about this long.
+const LINE_BYTES: usize = 640;
 
 /// One request's line.
 #[derive(Serialize)]
@@ -102,9 +104,11 @@ pub fn write(line: &Line<'_>) {
     let Some(sender) = writer() else {
         return;
     };
-    let Ok(mut text) = serde_json::to_vec(line) else {
+    // Sized for a whole line, so writing it never grows the buffer.
+    let mut text = Vec::with_capacity(LINE_BYTES);
+    if serde_json::to_writer(&mut text, line).is_err() {
         return;
-    };
+    }
     text.push(b'\n');
     if let Err(TrySendError::Full(_)) = sender.try_send(text) {
         tracing::debug!("access log queue full: a line was dropped");

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
@@ -26,7 +26,7 @@ use crate::errors::GatewayError;
 use crate::request::{ClientRequest, Operation};
 use crate::router::{self, Candidate, Plan};
 use crate::runtime::Runtime;
-use crate::tokens::{ChatFields, Encoding, Estimator};
+use crate::tokens::{ChatFields, Estimator};
 use crate::usage::{UsageReport, UsageSource};
 
 /// A request counts in flight for at most its total timeout and this, if its instance dies
@@ -46,17 +46,15 @@ pub struct RateHeaders {
 
 impl RateHeaders {
     pub fn insert(&self, headers: &mut HeaderMap) {
+        const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
+        const REMAINING_REQUESTS: HeaderName =
+            HeaderName::from_static("x-ratelimit-remaining-requests");
+        const LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
+        const REMAINING_TOKENS: HeaderName =
+            HeaderName::from_static("x-ratelimit-remaining-tokens");
         let pairs = [
-            (
-                self.requests,
-                "x-ratelimit-limit-requests",
-                "x-ratelimit-remaining-requests",
-            ),
-            (
-                self.tokens,
-                "x-ratelimit-limit-tokens",
-                "x-ratelimit-remaining-tokens",
-            ),
+            (self.requests, LIMIT_REQUESTS, REMAINING_REQUESTS),
+            (self.tokens, LIMIT_TOKENS, REMAINING_TOKENS),
         ];
         for (pair, limit, remaining) in pairs {
             if let Some((cap, left)) = pair {
@@ -215,30 +213,6 @@ fn needs_tokens(limits: &MeterLimits) -> bool {
     limits.tpm.is_some() || limits.tokens_per_day.is_some() || limits.micro_usd_per_month.is_some()
 }
 
-/// The encodings admission will count with under `snapshot`: none unless a tenant or key has a
-/// limit the tokenizer serves, else those of the aliases' families.
-pub fn encodings_in_use(snapshot: &Snapshot) -> Vec<Encoding> {
-    let counts = snapshot.tenants.iter().any(|t| {
-        std::iter::once(&t.limits)
-            .chain(t.keys.iter().map(|k| &k.limits))
-            .filter_map(meter_limits)
-            .any(|l| needs_tokens(&l))
-    });
-    if !counts {
-        return Vec::new();
-    }
-    let mut encodings: Vec<Encoding> = snapshot
-        .aliases
-        .iter()
-        .chain(&snapshot.wildcard)
-        .map(|alias| estimator(alias, "").encoding)
-        .filter(|e| *e != Encoding::Approximate)
-        .collect();
-    encodings.sort_by_key(|e| *e as u8);
-    encodings.dedup();
-    encodings
-}
-
 /// The estimator for an alias: the family of its first target's deployment (or, on `"*"`, the
 /// requested name).
 pub fn estimator(alias: &Alias, requested: &str) -> Estimator {
@@ -269,7 +243,9 @@ pub async fn count_prompt(
         };
         counted.unwrap_or_else(|| (request.raw.len() as u64).div_ceil(4))
     };
-    if request.raw.len() <= COUNT_INLINE_BYTES {
+    // A large body, or the first count of an encoding (which loads its vocabulary), runs off
+    // the async threads.
+    if request.raw.len() <= COUNT_INLINE_BYTES && estimator.ready() {
         return count(request);
     }
     let owned = request.clone();

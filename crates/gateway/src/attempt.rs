@@ -20,6 +20,7 @@ use crate::router::Candidate;
 use crate::runtime::Runtime;
 use crate::stream::{Continuer, Identity, Relay, StreamRules};
 use crate::surface::Dialect;
+use crate::telemetry::{Continued, StreamTrace};
 use crate::upstream::{self, Failure};
 use crate::usage::{Usage, UsageSource};
 
@@ -159,6 +160,8 @@ pub struct Continuation {
     pub request: ClientRequest,
     pub fallbacks: Vec<Candidate>,
     pub deadline: Instant,
+    /// Where a traced request's continuation attempts are told.
+    pub trace: Option<Arc<StreamTrace>>,
 }
 
 impl Continuation {
@@ -172,10 +175,20 @@ impl Continuation {
                 Admission::Closed => None,
                 Admission::Probe(permit) => Some(permit),
             };
+            let began = Instant::now();
             let result = self
                 .dispatch
                 .attempt(&request, &candidate, self.deadline, Some(identity.clone()))
                 .await;
+            if let Some(trace) = &self.trace {
+                let outcome = match &result {
+                    Ok(Answer::Stream(_)) => Continued::Streaming,
+                    Ok(Answer::Whole { status, .. }) => Continued::Unstreamed(*status),
+                    Err(failure) => Continued::Failed(failure),
+                };
+                let traceparent = self.dispatch.traceparent.as_deref();
+                trace.continuation(&candidate, began, traceparent, outcome);
+            }
             let observed = match &result {
                 Ok(_) => Observed::Success,
                 Err(failure) => Observed::of(failure),

@@ -175,10 +175,6 @@ fn launch(
     source: Option<Source>,
 ) -> Running {
     let state = Arc::new(store_for(&snapshot.state));
-    let encodings = admission::encodings_in_use(&snapshot);
-    if !encodings.is_empty() {
-        tokio::task::spawn_blocking(move || tokens::warm_up(&encodings));
-    }
     let (shutdown, watcher) = watch::channel(false);
     let mut runtime = Runtime::new(Arc::new(snapshot), state);
     runtime.recorder = recording::start(&runtime.snapshot);

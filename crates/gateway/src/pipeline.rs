@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use onedoor_config::{Alias, Snapshot, Tenant};
@@ -157,10 +157,16 @@ async fn observe(
 /// digits. The usage store keys its records by it; ids in arrival order keep those inserts cheap
 /// (random ones cost SQLite about four times as much).
 fn request_id() -> String {
-    let millis = onedoor_usage::now_ms() & ((1 << 48) - 1);
+    let millis = u128::from(onedoor_usage::now_ms() & ((1 << 48) - 1));
     let random = rand::random::<u128>() & ((1 << 80) - 1);
-    format!("{millis:012x}{random:020x}")
+    let id = (millis << 80) | random;
+    (0..32)
+        .rev()
+        .map(|digit| HEX[((id >> (4 * digit)) & 0xf) as usize] as char)
+        .collect()
 }
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
 
 async fn serve(
     runtime: &Arc<Runtime>,
@@ -178,7 +184,9 @@ async fn serve(
             Ok(models(snapshot, caller.tenant))
         }
         Route::Realtime(path) => {
-            let handshake = Box::pin(realtime::open(runtime, request, path, id)).await;
+            let attempts = exchange.trail.spans.take();
+            let opening = realtime::open(runtime, request, path, id, &mut exchange.span, attempts);
+            let handshake = Box::pin(opening).await;
             exchange.trail = handshake.trail;
             exchange.backend = handshake.backend;
             exchange.alias = handshake.alias;
@@ -413,19 +421,17 @@ impl<'a> Call<'a> {
             Ok((candidate, Answer::Stream(relay))) => {
                 exchange.backend = Some(candidate.backend);
                 exchange.deployment = Some(candidate.deployment.clone());
+                let trace = exchange.span.as_mut().map(|span| span.streaming());
                 let answering = match self.dispatch.continues_cut_streams {
                     true => relay.continued_by(Box::new(Continuation {
-                        // Continuations have no spans: their upstreams are not told a parent.
-                        dispatch: Dispatch {
-                            traceparent: None,
-                            ..self.dispatch.clone()
-                        },
+                        dispatch: self.dispatch.clone(),
                         request: self.request.clone(),
                         fallbacks: fallbacks
                             .into_iter()
                             .filter(|c| !c.same_target(&candidate))
                             .collect(),
                         deadline,
+                        trace: trace.clone(),
                     })),
                     false => relay.answering(),
                 };
@@ -436,7 +442,7 @@ impl<'a> Call<'a> {
                     .get(candidate.backend)
                     .is_some_and(provider::reports_stream_usage);
                 let price = admission::price_of(alias, &candidate).cloned();
-                let body = answering.reporting(sink).into_body();
+                let body = answering.reporting(sink).tracing(trace).into_body();
                 let body = admission.hold_until_reported(body, report, price);
                 Ok(stream_response(body, dialect, measured))
             }
@@ -614,17 +620,21 @@ fn decorate(
     exchange: &Exchange,
     snapshot: &Snapshot,
 ) -> Response<Body> {
+    const REQUEST_ID: HeaderName = HeaderName::from_static("x-onedoor-request-id");
+    const ATTEMPTS: HeaderName = HeaderName::from_static("x-onedoor-attempts");
+    const BACKEND: HeaderName = HeaderName::from_static("x-onedoor-backend");
+    const REGION: HeaderName = HeaderName::from_static("x-onedoor-region");
     let headers = response.headers_mut();
-    let mut put = |name: &'static str, value: &str| {
+    let mut put = |name: HeaderName, value: &str| {
         if let Ok(value) = HeaderValue::from_str(value) {
             headers.insert(name, value);
         }
     };
-    put("x-onedoor-request-id", id);
-    put("x-onedoor-attempts", &exchange.trail.header());
+    put(REQUEST_ID, id);
+    put(ATTEMPTS, &exchange.trail.header());
     if let Some(backend) = exchange.backend.and_then(|b| snapshot.backends.get(b)) {
-        put("x-onedoor-backend", &backend.name);
-        put("x-onedoor-region", &backend.region);
+        put(BACKEND, &backend.name);
+        put(REGION, &backend.region);
     }
     if let Some(limits) = &exchange.limits {
         limits.insert(headers);

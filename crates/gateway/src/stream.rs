@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
@@ -19,6 +20,7 @@ use tokio::time::{Duration, Instant};
 use crate::body::{Body, BoxError};
 use crate::headroom::InFlight;
 use crate::provider::EventTranslator;
+use crate::telemetry::StreamTrace;
 use crate::upstream::Failure;
 use crate::usage::{Usage, UsageSink, UsageSource};
 
@@ -530,6 +532,8 @@ pub struct Answering {
     /// The usage of relays a continuation replaced.
     spent: Option<Usage>,
     ended: bool,
+    /// The request's span's account of the stream, when it is traced.
+    trace: Option<Arc<StreamTrace>>,
 }
 
 impl Answering {
@@ -540,7 +544,15 @@ impl Answering {
             sink: None,
             spent: None,
             ended: false,
+            trace: None,
         }
+    }
+
+    /// Tells `trace` (a traced request's) the answer's id and finish reason and the stream's
+    /// cuts as they happen.
+    pub fn tracing(mut self, trace: Option<Arc<StreamTrace>>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// Reports the stream's usage to `sink` when it ends.
@@ -558,27 +570,36 @@ impl Answering {
                 Step::Data(bytes) => return Some(bytes),
                 Step::End => {
                     let terminal = self.relay.terminal.take();
-                    return Some(self.end(terminal));
+                    return Some(self.end(terminal, None));
                 }
                 Step::Cut(reason) => {
+                    let cut_at = Instant::now();
                     if let Some(next) = self.continuation().await {
                         tracing::info!(reason, "a cut stream is continued by another target");
                         let cut = std::mem::replace(&mut self.relay, next);
+                        if let Some(trace) = &self.trace {
+                            let answer = cut.translator.answer_so_far();
+                            trace.ended(answer, cut.usage(), Some((cut_at, &reason)));
+                        }
                         self.spent = Some(self.spent.map_or(cut.usage(), |s| s.plus(cut.usage())));
                         continue;
                     }
                     tracing::warn!(reason, "stream cut after content reached the caller");
                     let failure = self.relay.translator.failure_event(&reason);
-                    return Some(self.end(Some(failure)));
+                    return Some(self.end(Some(failure), Some((cut_at, &reason))));
                 }
             }
         }
     }
 
-    /// The usage comment and the terminal event; the usage is reported and settled.
-    fn end(&mut self, terminal: Option<Bytes>) -> Bytes {
+    /// The usage comment and the terminal event; the usage is reported and settled (and told
+    /// the trace, with the `cut` that ended the stream, if one did).
+    fn end(&mut self, terminal: Option<Bytes>, cut: Option<(Instant, &str)>) -> Bytes {
         self.ended = true;
         let own = self.relay.usage();
+        if let Some(trace) = &self.trace {
+            trace.ended(self.relay.translator.answer_so_far(), own, cut);
+        }
         let usage = self.spent.map_or(own, |s| s.plus(own));
         if let (Some(in_flight), UsageSource::Measured) =
             (self.relay.in_flight.as_mut(), own.source)
@@ -613,6 +634,19 @@ impl Answering {
             Some((Ok::<_, BoxError>(Frame::data(chunk)), answering))
         });
         StreamBody::new(stream).boxed_unsync()
+    }
+}
+
+impl Drop for Answering {
+    /// A stream the caller left before its end still tells its trace what it said.
+    fn drop(&mut self) {
+        if let (Some(trace), false) = (&self.trace, self.ended) {
+            trace.ended(
+                self.relay.translator.answer_so_far(),
+                self.relay.usage(),
+                None,
+            );
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! the measured usage replaces.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine;
 use serde::Deserialize;
@@ -151,20 +152,22 @@ impl Estimator {
         }
     }
 
-    fn of(encoding: Encoding) -> Self {
-        Estimator {
-            encoding,
-            ..Estimator::for_model("gpt-4o")
-        }
-    }
-
     /// Tokens of plain text.
     pub fn text(&self, text: &str) -> u64 {
-        match self.encoding {
+        let counted = match self.encoding {
             Encoding::O200k => bpe_openai::o200k_base().count(text) as u64,
             Encoding::Cl100k => bpe_openai::cl100k_base().count(text) as u64,
-            Encoding::Approximate => (text.chars().count() as u64 * 2).div_ceil(7),
-        }
+            Encoding::Approximate => return (text.chars().count() as u64 * 2).div_ceil(7),
+        };
+        loaded_flag(self.encoding).store(true, Ordering::Relaxed);
+        counted
+    }
+
+    /// Whether counting can start at once: the vocabulary is loaded, or none is needed. Each
+    /// encoding's is loaded by its first count (o200k_base about 160 ms and some 50 MB,
+    /// cl100k_base a third of that), so a gateway whose limits never count tokens never pays.
+    pub fn ready(&self) -> bool {
+        self.encoding == Encoding::Approximate || loaded_flag(self.encoding).load(Ordering::Relaxed)
     }
 
     /// The prompt tokens of a chat request's `messages` (and `tools`, `functions`, Anthropic's
@@ -325,12 +328,13 @@ impl Estimator {
     }
 }
 
-/// Loads the vocabularies of `encodings` (once per process: about 160 ms for o200k_base and
-/// 50 ms for cl100k_base, some 100 MB of memory for both), so the first request that needs one
-/// does not wait for it. An encoding never used is never loaded.
-pub fn warm_up(encodings: &[Encoding]) {
-    for encoding in encodings {
-        Estimator::of(*encoding).text("");
+/// Set once an encoding's vocabulary has counted something (is loaded).
+fn loaded_flag(encoding: Encoding) -> &'static AtomicBool {
+    static O200K: AtomicBool = AtomicBool::new(false);
+    static CL100K: AtomicBool = AtomicBool::new(false);
+    match encoding {
+        Encoding::Cl100k => &CL100K,
+        Encoding::O200k | Encoding::Approximate => &O200K,
     }
 }
 

@@ -524,7 +524,8 @@ async fn spans_still_queued_at_shutdown_are_exported() {
     assert_eq!(of_request, 2, "{} spans arrived", received.len());
 }
 
-/// An OpenAI-compatible upstream that answers every request and keeps each one's `traceparent`.
+/// An OpenAI-compatible upstream that answers every request (as a stream when asked for one) and
+/// keeps each one's `traceparent`.
 async fn traced_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -534,23 +535,22 @@ async fn traced_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
         while let Ok((stream, _)) = listener.accept().await {
             let seen = keeping.clone();
             let service = service_fn(move |request: Request<Incoming>| {
-                let traceparent = request
-                    .headers()
-                    .get("traceparent")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("none")
-                    .to_owned();
-                seen.lock().unwrap().push(traceparent);
-                let body = serde_json::json!({
-                    "id": "chatcmpl-traced", "object": "chat.completion", "model": "local-model",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
-                });
-                let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
-                response
-                    .headers_mut()
-                    .insert("content-type", "application/json".parse().unwrap());
-                async move { Ok::<_, Infallible>(response) }
+                let seen = seen.clone();
+                async move {
+                    let traceparent = request
+                        .headers()
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("none")
+                        .to_owned();
+                    seen.lock().unwrap().push(traceparent);
+                    let asked = request.into_body().collect().await.unwrap().to_bytes();
+                    let asked: serde_json::Value = serde_json::from_slice(&asked).unwrap();
+                    Ok::<_, Infallible>(match asked["stream"] == true {
+                        true => traced_stream(),
+                        false => traced_answer(),
+                    })
+                }
             });
             tokio::spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -560,6 +560,54 @@ async fn traced_upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
         }
     });
     (addr, seen)
+}
+
+fn traced_answer() -> Response<Full<Bytes>> {
+    let body = serde_json::json!({
+        "id": "chatcmpl-traced", "object": "chat.completion", "model": "local-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+    });
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    response
+        .headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    response
+}
+
+/// Three words, a `stop` and a usage chunk of 3 completion tokens.
+fn traced_stream() -> Response<Full<Bytes>> {
+    let chunk = |choices: serde_json::Value, usage: serde_json::Value| {
+        let chunk = serde_json::json!({
+            "id": "chatcmpl-traced-stream", "object": "chat.completion.chunk", "created": 1,
+            "model": "local-model", "choices": choices, "usage": usage,
+        });
+        format!("data: {chunk}\n\n")
+    };
+    let mut body = chunk(
+        serde_json::json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]),
+        serde_json::Value::Null,
+    );
+    for word in [" and", " the", " rest"] {
+        body.push_str(&chunk(
+            serde_json::json!([{"index": 0, "delta": {"content": word}, "finish_reason": null}]),
+            serde_json::Value::Null,
+        ));
+    }
+    body.push_str(&chunk(
+        serde_json::json!([{"index": 0, "delta": {}, "finish_reason": "stop"}]),
+        serde_json::Value::Null,
+    ));
+    body.push_str(&chunk(
+        serde_json::json!([]),
+        serde_json::json!({"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}),
+    ));
+    body.push_str("data: [DONE]\n\n");
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    response
+        .headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    response
 }
 
 #[tokio::test]
@@ -590,4 +638,304 @@ async fn each_upstream_request_carries_the_traceparent_of_its_attempt_span() {
     );
     assert_eq!(*seen.lock().unwrap(), [expected]);
     assert_ne!(attempts[0].span_id, attempts[1].span_id);
+}
+
+/// The data payloads of an SSE body, `[DONE]` and comments left out.
+fn chunks(body: &str) -> Vec<serde_json::Value> {
+    body.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// The id a stream's chunks carry (one for the whole stream) and its last finish reason.
+fn streamed_answer(body: &str) -> (String, String) {
+    let chunks = chunks(body);
+    let ids: std::collections::BTreeSet<String> = chunks
+        .iter()
+        .filter_map(|c| c["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 1, "one id in {body}");
+    let finish = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .next_back()
+        .expect("a finish reason");
+    (
+        ids.into_iter().next().unwrap().to_owned(),
+        finish.to_owned(),
+    )
+}
+
+fn finish_reasons(span: &Span) -> Vec<String> {
+    match attribute(span, "gen_ai.response.finish_reasons") {
+        Some(Value::ArrayValue(reasons)) => reasons
+            .values
+            .into_iter()
+            .map(|v| match v.value {
+                Some(Value::StringValue(s)) => s,
+                other => panic!("a finish reason is {other:?}"),
+            })
+            .collect(),
+        other => panic!("finish reasons: {other:?} in {span:#?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_answers_spans_carry_its_id_and_finish_reason_from_azure_and_anthropic() {
+    let (collector, addr) = Collector::start().await;
+    let config = format!(
+        "backends:\n  - {{ name: first, provider: azure, region: swedencentral, url: \"{{url:first}}\" }}\n  - {{ name: claude, provider: anthropic, region: europe, url: \"{{url:claude}}\", anthropic_version: 2023-06-01 }}\nmodels:\n  - name: chat\n    targets: [{{ backend: first, deployment: gpt-4o }}]\n  - name: claude\n    targets: [{{ backend: claude, model: claude-sonnet-4-5 }}]\n{}",
+        telemetry(addr, "")
+    );
+    let fleet = vec![
+        EndpointSpec::azure("first", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
+        EndpointSpec::anthropic("claude", "europe")
+            .deployment(DeploymentSpec::new("claude-sonnet-4-5")),
+    ];
+    let h = Harness::start(fleet, &config).await;
+    for (alias, id_prefix) in [("chat", "chatcmpl"), ("claude", "msg_")] {
+        let answer = chat_with(&h, chat_body(alias, true), &[]).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let (id, finish) = streamed_answer(&answer.body);
+        assert!(id.starts_with(id_prefix), "{id}");
+        assert_eq!(finish, "stop");
+        let request_id = answer.header("x-onedoor-request-id").to_owned();
+        let (request, attempts) = split(collector.spans_of(&request_id, 2).await);
+        for span in [&request, &attempts[0]] {
+            assert_eq!(text(span, "gen_ai.response.id"), id, "{alias}");
+            assert_eq!(finish_reasons(span), [finish.as_str()], "{alias}");
+        }
+        assert!(flag(&request, "onedoor.stream"));
+    }
+}
+
+#[tokio::test]
+async fn a_continued_stream_has_an_attempt_span_per_continuation_and_tells_its_upstream_the_trace()
+{
+    let (collector, addr) = Collector::start().await;
+    let (upstream, seen) = traced_upstream().await;
+    let config = format!(
+        "routing: {{ same_target_retries: 0 }}\nbackends:\n  - {{ name: first, provider: azure, region: swedencentral, url: \"{{url:first}}\" }}\n  - {{ name: second, provider: azure, region: francecentral, url: \"{{url:second}}\" }}\n  - {{ name: local, provider: openai, region: onprem, url: \"http://{upstream}/v1\" }}\nmodels:\n  - name: chat\n    continue_cut_streams: true\n    targets:\n      - {{ backend: first, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: second, deployment: gpt-4o, priority: 2, accepts_prefill: true }}\n      - {{ backend: local, model: local-model, priority: 3, accepts_prefill: true }}\n{}",
+        telemetry(addr, "")
+    );
+    let cut = Behavior {
+        cut_after: Some(3),
+        ..Behavior::default()
+    };
+    let fleet = vec![
+        EndpointSpec::azure("first", "swedencentral")
+            .deployment(DeploymentSpec::new("gpt-4o"))
+            .behavior(cut),
+        EndpointSpec::azure("second", "francecentral")
+            .deployment(DeploymentSpec::new("gpt-4o"))
+            .behavior(failing(500)),
+    ];
+    let h = Harness::start(fleet, &config).await;
+    let answer = chat_with(&h, chat_body("chat", true), &[]).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.body.ends_with("data: [DONE]\n\n"), "{}", answer.body);
+    let (id, finish) = streamed_answer(&answer.body);
+    assert_eq!(finish, "stop");
+    let request_id = answer.header("x-onedoor-request-id").to_owned();
+
+    let (request, attempts) = split(collector.spans_of(&request_id, 4).await);
+    assert!(!is_error(&request), "{request:#?}");
+    assert_eq!(text(&request, "gen_ai.response.id"), id);
+    assert_eq!(finish_reasons(&request), ["stop"]);
+    let backends: Vec<String> = attempts
+        .iter()
+        .map(|a| text(a, "onedoor.backend"))
+        .collect();
+    assert_eq!(backends, ["first", "second", "local"]);
+    for attempt in &attempts {
+        assert_eq!(attempt.trace_id, request.trace_id);
+        assert_eq!(attempt.parent_span_id, request.span_id);
+        assert!(attempt.start_time_unix_nano <= attempt.end_time_unix_nano);
+    }
+    let [cut, refused, continued] = &attempts[..] else {
+        panic!("three attempts: {attempts:#?}");
+    };
+    // The attempt loop's stream was cut: its span ends at the cut, before the continuation.
+    assert!(is_error(cut));
+    assert!(status(cut).1.contains("upstream stream"), "{cut:#?}");
+    assert_eq!(text(cut, "error.type"), "stream_cut");
+    assert_eq!(int(cut, "http.response.status_code"), 200);
+    assert!(int(cut, "gen_ai.usage.output_tokens") > 0);
+    assert!(cut.end_time_unix_nano <= refused.start_time_unix_nano);
+    assert_eq!(
+        status(refused),
+        (StatusCode::Error as i32, "500 upstream_error".into())
+    );
+    assert_eq!(int(refused, "http.response.status_code"), 500);
+    // The continuation answered: it carries the answer's id and finish, and its own usage.
+    assert!(!is_error(continued), "{continued:#?}");
+    assert_eq!(text(continued, "onedoor.backend"), "local");
+    assert_eq!(text(continued, "gen_ai.response.id"), id);
+    assert_eq!(finish_reasons(continued), ["stop"]);
+    assert_eq!(int(continued, "gen_ai.usage.output_tokens"), 3);
+    assert_eq!(continued.end_time_unix_nano, request.end_time_unix_nano);
+    let expected = format!(
+        "00-{}-{}-01",
+        hex::encode(&request.trace_id),
+        hex::encode(&continued.span_id)
+    );
+    assert_eq!(*seen.lock().unwrap(), [expected]);
+}
+
+mod realtime {
+    use super::*;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::net::TcpStream;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::WebSocketStream;
+
+    type Socket = WebSocketStream<TcpStream>;
+
+    const UPSTREAM_KEY: &str = "upstream-secret";
+
+    fn endpoint(name: &str, behavior: Behavior) -> EndpointSpec {
+        EndpointSpec::azure(name, "swedencentral")
+            .api_key(UPSTREAM_KEY)
+            .deployment(DeploymentSpec::new("gpt-rt").model("gpt-4o-realtime-preview"))
+            .behavior(behavior)
+    }
+
+    async fn event(socket: &mut Socket) -> serde_json::Value {
+        loop {
+            let message = tokio::time::timeout(std::time::Duration::from_secs(10), socket.next())
+                .await
+                .expect("a frame within 10 s")
+                .expect("the socket is open")
+                .expect("a valid frame");
+            match message {
+                Message::Text(text) => return serde_json::from_str(text.as_str()).unwrap(),
+                Message::Ping(_) | Message::Pong(_) => {}
+                other => panic!("expected a text event, got {other:?}"),
+            }
+        }
+    }
+
+    /// One `response.create` answered up to its `response.done`: its (input, output) tokens.
+    async fn respond(socket: &mut Socket) -> (i64, i64) {
+        let create = serde_json::json!({"type": "response.create"}).to_string();
+        socket.send(Message::text(create)).await.unwrap();
+        loop {
+            let event = event(socket).await;
+            if event["type"] == "response.done" {
+                let usage = &event["response"]["usage"];
+                return (
+                    usage["input_tokens"].as_i64().unwrap(),
+                    usage["output_tokens"].as_i64().unwrap(),
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_realtime_session_is_one_server_span_with_its_usage_and_close_code_over_its_attempts()
+    {
+        let (collector, addr) = Collector::start().await;
+        let config = format!(
+            "routing: {{ same_target_retries: 0 }}\nbackends:\n  - {{ name: rt-a, provider: azure, region: swedencentral, url: \"{{url:rt-a}}\", api_key: {UPSTREAM_KEY} }}\n  - {{ name: rt-b, provider: azure, region: swedencentral, url: \"{{url:rt-b}}\", api_key: {UPSTREAM_KEY} }}\nmodels:\n  - name: voice\n    targets:\n      - {{ backend: rt-a, deployment: gpt-rt, priority: 1 }}\n      - {{ backend: rt-b, deployment: gpt-rt, priority: 2 }}\n{}",
+            telemetry(addr, "")
+        );
+        let fleet = vec![
+            endpoint("rt-a", failing(503)),
+            endpoint("rt-b", Behavior::default()),
+        ];
+        let h = Harness::start(fleet, &config).await;
+        let path = "/openai/realtime?api-version=2024-10-01-preview&deployment=voice";
+        let mut request = format!("ws://{}{path}", h.gateway.addr())
+            .into_client_request()
+            .unwrap();
+        request
+            .headers_mut()
+            .insert("api-key", KEY.parse().unwrap());
+        let stream = TcpStream::connect(h.gateway.addr()).await.unwrap();
+        let opened = std::time::Instant::now();
+        let (mut socket, head) = tokio_tungstenite::client_async(request, stream)
+            .await
+            .expect("the gateway upgrades");
+        let id = head.headers()["x-onedoor-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(event(&mut socket).await["type"], "session.created");
+        let (mut input, mut output) = (0, 0);
+        for _ in 0..2 {
+            let (i, o) = respond(&mut socket).await;
+            input += i;
+            output += o;
+        }
+        // The session lasts a while: its span lasts as long.
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        let bye = CloseFrame {
+            code: CloseCode::from(4001),
+            reason: "user hung up".into(),
+        };
+        socket.close(Some(bye)).await.unwrap();
+        while let Some(Ok(message)) = socket.next().await {
+            if let Message::Close(_) = message {
+                break;
+            }
+        }
+        let lasted = opened.elapsed();
+
+        let (session, attempts) = split(collector.spans_of(&id, 3).await);
+        assert_eq!(session.name, "realtime voice");
+        assert_eq!(text(&session, "gen_ai.operation.name"), "realtime");
+        assert_eq!(text(&session, "gen_ai.request.model"), "voice");
+        assert_eq!(text(&session, "onedoor.alias"), "voice");
+        assert_eq!(text(&session, "onedoor.backend"), "rt-b");
+        assert_eq!(text(&session, "gen_ai.provider.name"), "azure.ai.openai");
+        assert_eq!(text(&session, "onedoor.attempts"), "rt-a=503,rt-b=200");
+        assert_eq!(int(&session, "http.response.status_code"), 101);
+        assert_eq!(int(&session, "gen_ai.usage.input_tokens"), input);
+        assert_eq!(int(&session, "gen_ai.usage.output_tokens"), output);
+        assert_eq!(text(&session, "onedoor.usage.source"), "measured");
+        assert_eq!(int(&session, "onedoor.realtime.close_code"), 4001);
+        assert_eq!(text(&session, "onedoor.realtime.ended_by"), "client");
+        assert_eq!(int(&session, "onedoor.realtime.responses"), 2);
+        assert!(!is_error(&session), "{session:#?}");
+        let duration = session.end_time_unix_nano - session.start_time_unix_nano;
+        assert!(
+            duration >= 150_000_000,
+            "the session span lasted {duration} ns"
+        );
+        assert!(
+            u128::from(duration) <= lasted.as_nanos(),
+            "{duration} ns against {lasted:?}"
+        );
+
+        let [refused, upstream] = &attempts[..] else {
+            panic!("two attempts: {attempts:#?}");
+        };
+        for attempt in &attempts {
+            assert_eq!(attempt.trace_id, session.trace_id);
+            assert_eq!(attempt.parent_span_id, session.span_id);
+            assert_eq!(attempt.name, "realtime gpt-rt");
+        }
+        assert_eq!(text(refused, "onedoor.backend"), "rt-a");
+        assert_eq!(
+            status(refused),
+            (StatusCode::Error as i32, "503 upstream_error".into())
+        );
+        // The upstream connection that served the session lasts as long as it.
+        assert_eq!(text(upstream, "onedoor.backend"), "rt-b");
+        assert!(!is_error(upstream));
+        assert_eq!(int(upstream, "http.response.status_code"), 101);
+        assert_eq!(upstream.end_time_unix_nano, session.end_time_unix_nano);
+        let handshake = h.endpoint("rt-b").last_realtime_handshake().unwrap();
+        let expected = format!(
+            "00-{}-{}-01",
+            hex::encode(&session.trace_id),
+            hex::encode(&upstream.span_id)
+        );
+        assert_eq!(handshake.traceparent, Some(expected));
+    }
 }

@@ -78,6 +78,8 @@ pub struct RealtimeHandshake {
     pub openai_beta: Option<String>,
     /// `api-key`, `bearer`, `subprotocol` or `none`: where the credential came.
     pub credential_in: &'static str,
+    /// The W3C `traceparent` the handshake carried, if any.
+    pub traceparent: Option<String>,
 }
 
 /// Realtime counters of one endpoint.
@@ -158,6 +160,7 @@ pub async fn handshake(
             .collect(),
         openai_beta: header(&parts.headers, "openai-beta").map(str::to_owned),
         credential_in: credential_in(&parts.headers, &offered),
+        traceparent: header(&parts.headers, "traceparent").map(str::to_owned),
     };
     *lock(&shared.realtime.last_handshake) = Some(seen);
     let subprotocol_key = offered

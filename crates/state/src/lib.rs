@@ -137,8 +137,12 @@ pub trait State: Send + Sync + 'static {
         &self,
         ask: &Ask,
         query: RoutingQuery<'_>,
-    ) -> impl Future<Output = (Result<Verdict, Unavailable>, Result<RoutingView, Unavailable>)> + Send
-    {
+    ) -> impl Future<
+        Output = (
+            Result<Verdict, Unavailable>,
+            Result<RoutingView, Unavailable>,
+        ),
+    > + Send {
         async move { (self.admit(ask).await, self.routing(query).await) }
     }
     /// Replaces a reservation's charge with the final numbers and, when asked, ends its time in

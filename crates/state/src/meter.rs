@@ -19,7 +19,7 @@ pub struct MeterKey {
 impl MeterKey {
     pub fn tenant(tenant: &str) -> Self {
         MeterKey {
-            tag: format!("t:{tenant}"),
+            tag: ["t:", tenant].concat(),
             path: "tenant".to_owned(),
         }
     }
@@ -27,8 +27,8 @@ impl MeterKey {
     /// A key of `tenant`: shares the tenant's tag, so both are checked and charged atomically.
     pub fn key(tenant: &str, key: &str) -> Self {
         MeterKey {
-            tag: format!("t:{tenant}"),
-            path: format!("key:{key}"),
+            tag: ["t:", tenant].concat(),
+            path: ["key:", key].concat(),
         }
     }
 
@@ -36,7 +36,7 @@ impl MeterKey {
     pub fn backend(backend: &str) -> Self {
         MeterKey {
             tag: "routing".to_owned(),
-            path: format!("backend:{backend}"),
+            path: ["backend:", backend].concat(),
         }
     }
 }

@@ -99,31 +99,31 @@ impl Keys {
     }
 
     fn hash(&self, name: &str) -> String {
-        format!("{}:{name}", self.routing)
+        [&self.routing, ":", name].concat()
     }
 
     fn breaker(&self, id: &str) -> String {
-        format!("{}:br:{id}", self.routing)
+        [&self.routing, ":br:", id].concat()
     }
 
     /// One plain key a pin, expiring by itself.
     fn pin(&self, key: &str) -> String {
-        format!("{}:pin:{key}", self.prefix)
+        [&self.prefix, ":pin:", key].concat()
     }
 
     fn meter(&self, meter: &MeterKey) -> [String; 3] {
-        let base = format!("{{{}:{}}}:m:{}", self.prefix, meter.tag, meter.path);
+        let base = ["{", &self.prefix, ":", &meter.tag, "}:m:", &meter.path].concat();
         [
-            format!("{base}:w"),
-            format!("{base}:f"),
-            format!("{base}:p"),
+            [&base, ":w"].concat(),
+            [&base, ":f"].concat(),
+            [&base, ":p"].concat(),
         ]
     }
 }
 
 /// A (backend, deployment) as one hash field; the length prefix keeps any pair of names apart.
 fn field(backend: &str, deployment: &str) -> String {
-    format!("{}:{backend}{deployment}", backend.len())
+    [&backend.len().to_string(), ":", backend, deployment].concat()
 }
 
 fn unfield(field: &str) -> Option<TargetKey> {
@@ -411,12 +411,13 @@ impl RedisState {
             let [w, f, _] = self.keys.meter(&MeterKey::backend(backend.name));
             keys.push(w);
             keys.push(f);
-            let flag = |on: bool| if on { '1' } else { '0' };
-            args.push(format!(
-                "{}{}",
-                flag(backend.breaker.is_some()),
-                flag(backend.metered)
-            ));
+            let flags = match (backend.breaker.is_some(), backend.metered) {
+                (true, true) => "11",
+                (true, false) => "10",
+                (false, true) => "01",
+                (false, false) => "00",
+            };
+            args.push(flags.to_owned());
         }
         (keys, args)
     }

@@ -48,6 +48,18 @@ pub trait EventTranslator: Send {
     fn failure_event(&self, message: &str) -> Bytes;
     /// The stream's usage so far: measured when the upstream reported it, else estimated.
     fn usage(&self) -> Usage;
+    /// The answer's id and latest finish reason, as far as the stream told them (for traces).
+    fn answer_so_far(&self) -> StreamAnswer<'_> {
+        StreamAnswer::default()
+    }
+}
+
+/// What a stream said about its answer: the id it gave the answer and its latest finish reason
+/// (OpenAI's words: `stop`, `length`, `tool_calls` ...).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamAnswer<'a> {
+    pub id: Option<&'a str>,
+    pub finish_reason: Option<&'a str>,
 }
 
 /// The backend's credential as a header, prepared once per snapshot and marked sensitive so it is

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::provider::EventTranslator;
+use crate::provider::{EventTranslator, StreamAnswer};
 use crate::stream::{classify, error_event, event_data, EventKind};
 use crate::usage::{estimate_tokens, Usage};
 
@@ -77,6 +77,8 @@ pub struct ChatEvents {
     saw_tool: bool,
     completion_chars: usize,
     done: bool,
+    /// The latest `finish_reason` a chunk carried.
+    finish_reason: Option<String>,
 }
 
 impl ChatEvents {
@@ -90,6 +92,16 @@ impl ChatEvents {
             saw_tool: false,
             completion_chars: 0,
             done: false,
+            finish_reason: None,
+        }
+    }
+
+    /// Keeps the chunk's finish reason, moved out of the chunk once it has been sent.
+    fn keep_finish_reason(&mut self, mut chunk: Value) {
+        for choice in array_mut(&mut chunk, "choices") {
+            if let Some(Value::String(reason)) = choice.get_mut("finish_reason").map(Value::take) {
+                self.finish_reason = Some(reason);
+            }
         }
     }
 
@@ -186,6 +198,7 @@ impl EventTranslator for ChatEvents {
             true => Bytes::from(format!("data: {chunk}\n\n")),
             false => event,
         };
+        self.keep_finish_reason(chunk);
         out.push((classify(&event), event));
     }
 
@@ -201,6 +214,13 @@ impl EventTranslator for ChatEvents {
         self.usage.unwrap_or_else(|| {
             Usage::estimated(self.prompt_estimate, estimate_tokens(self.completion_chars))
         })
+    }
+
+    fn answer_so_far(&self) -> StreamAnswer<'_> {
+        StreamAnswer {
+            id: self.identity["id"].as_str().filter(|id| !id.is_empty()),
+            finish_reason: self.finish_reason.as_deref(),
+        }
     }
 }
 

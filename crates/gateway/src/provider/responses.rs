@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::affinity::ResponsePin;
-use crate::provider::EventTranslator;
+use crate::provider::{EventTranslator, StreamAnswer};
 use crate::stream::{event_data, EventKind};
 use crate::usage::{estimate_tokens, Usage};
 
@@ -17,6 +17,8 @@ pub struct ResponsesEvents {
     completion_chars: usize,
     pin: Option<ResponsePin>,
     sequence: u64,
+    /// The response's id, from the first event that names it.
+    id: Option<String>,
 }
 
 impl ResponsesEvents {
@@ -27,6 +29,7 @@ impl ResponsesEvents {
             completion_chars: 0,
             pin,
             sequence: 0,
+            id: None,
         }
     }
 
@@ -69,8 +72,11 @@ impl EventTranslator for ResponsesEvents {
             return;
         }
         match serde_json::from_slice::<Value>(data) {
-            Ok(value) => {
+            Ok(mut value) => {
                 let kind = self.kind(&value);
+                if self.id.is_none() {
+                    self.id = take_response_id(&mut value);
+                }
                 out.push((kind, event));
             }
             Err(_) => out.push((EventKind::Malformed, event)),
@@ -92,6 +98,22 @@ impl EventTranslator for ResponsesEvents {
         self.usage.unwrap_or_else(|| {
             Usage::estimated(self.prompt_estimate, estimate_tokens(self.completion_chars))
         })
+    }
+
+    fn answer_so_far(&self) -> StreamAnswer<'_> {
+        StreamAnswer {
+            id: self.id.as_deref(),
+            finish_reason: None,
+        }
+    }
+}
+
+/// The `response.id` of an event that carries its response, moved out of the event (which has
+/// been classified and is not read again).
+fn take_response_id(event: &mut Value) -> Option<String> {
+    match event.get_mut("response")?.get_mut("id")?.take() {
+        Value::String(id) if !id.is_empty() => Some(id),
+        _ => None,
     }
 }
 

@@ -5,7 +5,8 @@
 //! backend only while no upstream has accepted the handshake), and opens the upstream socket
 //! before it answers the client's 101, so a refusal is still a proper HTTP answer. From then on
 //! the session is pinned: [`session`] pumps frames both ways until one side closes, and records
-//! one usage record for the whole session from its `response.done` events.
+//! one usage record (and, when traced, one request span) for the whole session from its
+//! `response.done` events.
 
 mod ask;
 mod close;
@@ -31,6 +32,7 @@ use crate::request::Operation;
 use crate::router::{self, Excluded, Plan};
 use crate::runtime::Runtime;
 use crate::surface::RealtimePath;
+use crate::telemetry::{Attempts, RequestSpan};
 
 use ask::Ask;
 use session::Session;
@@ -56,15 +58,20 @@ struct Seen {
     caller: Option<(String, String)>,
 }
 
-/// Answers a realtime handshake: 101 with the session running, or the refusal.
+/// Answers a realtime handshake: 101 with the session running, or the refusal. A traced
+/// handshake's `span` and its upstream `attempts` go with the session it opens, which ends the
+/// span; a refusal leaves the span to the pipeline, with the attempts in its trail.
 pub async fn open(
     runtime: &Arc<Runtime>,
     request: Request<Incoming>,
     path: RealtimePath,
     request_id: &str,
+    span: &mut Option<Box<RequestSpan>>,
+    attempts: Option<Attempts>,
 ) -> Handshake {
     let mut seen = Seen::default();
-    let response = accept(runtime, request, path, request_id, &mut seen).await;
+    seen.trail.spans = attempts;
+    let response = accept(runtime, request, path, request_id, &mut seen, span).await;
     let switched = matches!(&response, Ok(r) if r.status() == StatusCode::SWITCHING_PROTOCOLS);
     Handshake {
         response,
@@ -81,6 +88,7 @@ async fn accept(
     path: RealtimePath,
     request_id: &str,
     seen: &mut Seen,
+    span: &mut Option<Box<RequestSpan>>,
 ) -> Result<Response<Body>, GatewayError> {
     let started = Instant::now();
     let arrived_ms = onedoor_usage::now_ms();
@@ -114,9 +122,11 @@ async fn accept(
     let deadline = Instant::now() + snapshot.routing.timeouts.total;
     let failover = Failover::new(runtime, &ask.alias, alias_index, plan, deadline, 0);
     let asked = &ask;
+    let traceparent = seen.trail.spans.as_ref().map(Attempts::traceparent);
+    let traceparent = traceparent.as_deref();
     let outcome = failover
         .run(&mut seen.trail, |candidate| async move {
-            upstream::connect(runtime, &candidate, asked, deadline).await
+            upstream::connect(runtime, &candidate, asked, deadline, traceparent).await
         })
         .await;
     let (candidate, upstream) = match outcome {
@@ -177,6 +187,9 @@ async fn accept(
         price: onedoor_usage::price_of(alias, candidate.backend, &candidate.deployment).copied(),
         record,
         started,
+        span: span
+            .take()
+            .map(|span| span.attempted(seen.trail.spans.take())),
     };
     // The session ends by itself: either side closing, its idle or maximum time, or the
     // gateway's shutdown (`Sessions::close_all`).

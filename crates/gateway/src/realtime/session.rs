@@ -25,6 +25,7 @@ use super::close;
 use super::limit::Slot;
 use super::upstream::{config, UpstreamSocket};
 use crate::runtime::Runtime;
+use crate::telemetry::RequestSpan;
 
 /// A quiet side is pinged this often, so proxies with idle timeouts keep the connection.
 const KEEPALIVE: Duration = Duration::from_secs(20);
@@ -188,6 +189,31 @@ impl End {
             End::ShuttingDown => "shutdown".into(),
         }
     }
+
+    /// The close code the client saw: the one it sent (1005: none), the one it was sent, or
+    /// 1006 when its connection ended without a close frame.
+    fn client_code(&self) -> u16 {
+        match self {
+            End::Closed(Side::Client, frame) => frame.as_ref().map_or(1005, |f| u16::from(f.code)),
+            End::Closed(Side::Upstream, frame) => u16::from(close::to_client(frame.as_ref()).code),
+            End::Gone(Side::Client, _) => 1006,
+            End::Gone(Side::Upstream, _) => 1011,
+            End::Idle(_) => 1000,
+            End::MaxSession(_) => 1008,
+            End::ShuttingDown => 1001,
+        }
+    }
+
+    /// What ended the session, in one word.
+    fn ended_by(&self) -> &'static str {
+        match self {
+            End::Closed(Side::Client, _) | End::Gone(Side::Client, _) => "client",
+            End::Closed(Side::Upstream, _) | End::Gone(Side::Upstream, _) => "upstream",
+            End::Idle(_) => "idle",
+            End::MaxSession(_) => "max_session",
+            End::ShuttingDown => "shutdown",
+        }
+    }
 }
 
 /// An accepted session, from the 101 to its end.
@@ -202,6 +228,8 @@ pub struct Session {
     pub record: UsageRecord,
     pub price: Option<Price>,
     pub started: Instant,
+    /// The session's span, when it is traced: it ends with the session.
+    pub span: Option<Box<RequestSpan>>,
 }
 
 impl Session {
@@ -249,6 +277,10 @@ impl Session {
             duration_ms = record.duration_ms,
             "realtime session ended"
         );
+        if let Some(mut span) = self.span.take() {
+            span.session_closed(end.client_code(), end.ended_by(), usage.responses);
+            span.end(&record, None);
+        }
         self.runtime.recorder.record(record);
         drop(self.slot);
     }

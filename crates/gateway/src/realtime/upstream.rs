@@ -23,6 +23,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::ask::{Ask, Protocol};
 use crate::router::Candidate;
 use crate::runtime::Runtime;
+use crate::telemetry::Traceparent;
 use crate::upstream::Failure;
 
 /// The api-version asked for on Azure's beta realtime path when the client named none.
@@ -41,13 +42,15 @@ pub fn config() -> WebSocketConfig {
         .max_frame_size(Some(16 << 20))
 }
 
-/// Opens the upstream socket of `candidate` for the client's `ask`. Tungstenite checks the
-/// answer: a 101 whose accept key or subprotocol does not match is a failed attempt.
+/// Opens the upstream socket of `candidate` for the client's `ask`, its handshake stamped with
+/// the `traceparent` of a traced session's attempt. Tungstenite checks the answer: a 101 whose
+/// accept key or subprotocol does not match is a failed attempt.
 pub async fn connect(
     runtime: &Runtime,
     candidate: &Candidate,
     ask: &Ask,
     deadline: Instant,
+    traceparent: Option<&Traceparent>,
 ) -> Result<UpstreamSocket, Failure> {
     let unknown = || Failure::ConnectError("unknown backend".into());
     let backend = runtime
@@ -66,6 +69,9 @@ pub async fn connect(
         .get(candidate.backend)
         .and_then(Option::as_ref);
     headers(request.headers_mut(), credential, ask);
+    if let Some(traceparent) = traceparent {
+        traceparent.stamp(request.headers_mut());
+    }
     let uri = request.uri().clone();
     let host = uri.host().unwrap_or_default().to_owned();
     let secure = uri.scheme_str() == Some("wss");

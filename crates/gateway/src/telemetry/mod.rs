@@ -3,9 +3,11 @@
 //! built once, when the request's usage record is final (a stream's when the stream ends), from
 //! what the pipeline records anyway, and handed to the [`Telemetry`] exporter. Without
 //! `telemetry.otlp` nothing here runs and no request carries a span. Prompts, completions and
-//! keys are never attributes.
+//! keys are never attributes. A realtime session's span ends with the session, and a stream's
+//! continuation after a cut ([`StreamTrace`]) has attempt spans of its own.
 
 mod export;
+mod stream;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,6 +33,9 @@ use crate::surface::{self, Route};
 use crate::upstream::Failure;
 
 pub use export::{carry_over, start, SpanStats, Telemetry};
+pub use stream::{Continued, StreamTrace};
+
+use stream::Part;
 
 /// The caller's trace, from a W3C `traceparent` header.
 struct Parent {
@@ -77,6 +82,20 @@ pub struct RequestSpan {
     call: Option<CallFacts>,
     reply: Reply,
     attempts: Vec<Attempt>,
+    /// A streamed answer's own account, once the stream is relayed.
+    stream: Option<Arc<StreamTrace>>,
+    /// How a realtime session ended.
+    session: Option<SessionEnd>,
+}
+
+/// How a realtime session ended, for its span.
+struct SessionEnd {
+    /// The close code the client saw (1006: its connection ended without one).
+    close_code: u16,
+    /// `client`, `upstream`, `idle`, `max_session` or `shutdown`.
+    ended_by: &'static str,
+    /// `response.done` events.
+    responses: u64,
 }
 
 /// What the client asked for, as far as spans tell it.
@@ -143,6 +162,8 @@ pub fn begin<B>(
         call: None,
         reply: Reply::default(),
         attempts: Vec::new(),
+        stream: None,
+        session: None,
     }))
 }
 
@@ -187,17 +208,60 @@ impl RequestSpan {
         self
     }
 
+    /// The account the streamed answer's relay keeps for this span.
+    pub fn streaming(&mut self) -> Arc<StreamTrace> {
+        self.stream.get_or_insert_with(Default::default).clone()
+    }
+
+    /// A realtime session ended: the close code its client saw, what ended it, and how many
+    /// responses it had.
+    pub fn session_closed(&mut self, close_code: u16, ended_by: &'static str, responses: u64) {
+        self.session = Some(SessionEnd {
+            close_code,
+            ended_by,
+            responses,
+        });
+    }
+
     /// Ends the request span now, with its finished usage record, and queues it and its
     /// attempts' spans for export.
-    pub fn end(self: Box<Self>, record: &UsageRecord, error: Option<&str>) {
+    pub fn end(mut self: Box<Self>, record: &UsageRecord, error: Option<&str>) {
+        if let Some(stream) = self.stream.take() {
+            self.take_stream(&stream);
+        }
         let clock = Clock::now();
         let ending = Ending::of(&self, record, error);
         self.telemetry.push(self.request_span(&ending, &clock));
-        let last = self.attempts.len().saturating_sub(1);
+        // The answer is the last attempt's that did not fail: the attempt loop's winner, or
+        // the continuation that took over a cut stream.
+        let winner = self
+            .attempts
+            .iter()
+            .rposition(|a| a.failure.is_none())
+            .filter(|_| ending.answered);
         for (i, attempt) in self.attempts.iter().enumerate() {
-            let winning = i == last && attempt.failure.is_none() && ending.answered;
+            let winning = Some(i) == winner;
             self.telemetry
                 .push(self.attempt_span(attempt, &ending, winning, &clock));
+        }
+    }
+
+    /// What the stream told: the answer's id and finish reason, the continuations' attempts
+    /// after the attempt loop's, and each part of the stream on the attempt that sent it.
+    fn take_stream(&mut self, stream: &StreamTrace) {
+        let told = stream.take();
+        if told.id.is_some() {
+            self.reply.id = told.id;
+        }
+        if let Some(reason) = told.finish_reason {
+            self.reply.choices = vec![Choice {
+                finish_reason: Some(reason),
+            }];
+        }
+        self.attempts.extend(told.continuations);
+        let mut parts = told.parts.into_iter();
+        for attempt in self.attempts.iter_mut().filter(|a| a.failure.is_none()) {
+            attempt.part = parts.next();
         }
     }
 
@@ -240,6 +304,13 @@ impl RequestSpan {
         if record.stream_cut {
             attributes.push(KeyValue::new("onedoor.stream_cut", true));
         }
+        if let Some(session) = &self.session {
+            let code = i64::from(session.close_code);
+            attributes.push(KeyValue::new("onedoor.realtime.close_code", code));
+            attributes.push(KeyValue::new("onedoor.realtime.ended_by", session.ended_by));
+            let responses = count(session.responses);
+            attributes.push(KeyValue::new("onedoor.realtime.responses", responses));
+        }
         // As for HTTP servers: a 4xx is the caller's error, not the gateway's.
         let status = match (&ending.error_type, record.status >= 500, record.stream_cut) {
             (_, _, true) => Status::error("the stream was cut"),
@@ -276,7 +347,7 @@ impl RequestSpan {
             attributes.extend(backend_of(backend));
             attributes.extend(server_of(backend));
         }
-        let status = match &attempt.failure {
+        let mut status = match &attempt.failure {
             Some(failed) => {
                 if let Some(code) = failed.status {
                     attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
@@ -286,19 +357,35 @@ impl RequestSpan {
             }
             None => Status::Unset,
         };
-        if winning {
+        // Its answer reached the caller: the whole answer, or a part of the stream.
+        let sent = winning || attempt.part.is_some();
+        if sent {
             let code = i64::from(record.status);
             attributes.push(KeyValue::new("http.response.status_code", code));
+            match &attempt.part {
+                Some(part) => attributes.extend(tokens(
+                    part.usage.prompt_tokens,
+                    part.usage.completion_tokens,
+                )),
+                None => attributes.extend(usage_of(record)),
+            }
+        }
+        if winning {
             attributes.extend(ending.reply.iter().cloned());
-            attributes.extend(usage_of(record));
+        }
+        let cut = attempt.part.as_ref().and_then(|part| part.cut.as_ref());
+        if let Some(cut) = cut {
+            attributes.push(KeyValue::new("error.type", "stream_cut"));
+            status = Status::error(cut.reason.clone());
         }
         let name = format!("{} {}", ending.operation, attempt.deployment);
         let mut span = self.span(attempt.id, self.id, SpanKind::Client, name, attributes);
         span.start_time = clock.at(attempt.began);
-        // A streamed answer's attempt lasts as long as its stream.
-        span.end_time = match winning && record.stream {
-            true => clock.wall,
-            false => clock.at(attempt.ended),
+        // A streamed answer's attempt lasts as long as its part of the stream.
+        span.end_time = match (cut, sent && record.stream) {
+            (Some(cut), _) => clock.at(cut.at),
+            (None, true) => clock.wall,
+            (None, false) => clock.at(attempt.ended),
         };
         span.status = status;
         span
@@ -366,7 +453,9 @@ impl<'a> Ending<'a> {
             record,
             operation: span.operation,
             backend,
-            answered: backend.is_some() && (200..300).contains(&record.status),
+            // A realtime session's answer is its 101.
+            answered: backend.is_some()
+                && ((200..300).contains(&record.status) || record.status == 101),
             reply: span.reply.attributes(record.model.as_deref()),
             error_type,
         }
@@ -398,9 +487,13 @@ impl Reply {
 }
 
 fn usage_of(record: &UsageRecord) -> [KeyValue; 2] {
+    tokens(record.tokens.input, record.tokens.output)
+}
+
+fn tokens(input: u64, output: u64) -> [KeyValue; 2] {
     [
-        KeyValue::new("gen_ai.usage.input_tokens", count(record.tokens.input)),
-        KeyValue::new("gen_ai.usage.output_tokens", count(record.tokens.output)),
+        KeyValue::new("gen_ai.usage.input_tokens", count(input)),
+        KeyValue::new("gen_ai.usage.output_tokens", count(output)),
     ]
 }
 
@@ -481,6 +574,7 @@ impl Attempts {
             began,
             ended: Instant::now(),
             failure: failure.map(Failed::of),
+            part: None,
         });
     }
 
@@ -526,6 +620,8 @@ struct Attempt {
     began: Instant,
     ended: Instant,
     failure: Option<Failed>,
+    /// The part of the caller's stream it sent, when it streamed.
+    part: Option<Part>,
 }
 
 #[derive(Debug)]

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::answer::finish_reason;
-use crate::provider::EventTranslator;
+use crate::provider::{EventTranslator, StreamAnswer};
 use crate::stream::{error_event, event_data, EventKind};
 use crate::usage::{estimate_tokens, Usage, UsageSource};
 
@@ -34,6 +34,8 @@ pub struct AnthropicEvents {
     /// A `message_delta` (with the final output count) arrived.
     delta_seen: bool,
     finish_sent: bool,
+    /// The finish reason sent, in OpenAI's words.
+    finish_reason: Option<&'static str>,
     done: bool,
     prompt_estimate: u64,
     completion_chars: usize,
@@ -51,6 +53,7 @@ impl AnthropicEvents {
             usage: None,
             delta_seen: false,
             finish_sent: false,
+            finish_reason: None,
             done: false,
             prompt_estimate,
             completion_chars: 0,
@@ -194,7 +197,9 @@ impl AnthropicEvents {
         let stop_reason = &event["delta"]["stop_reason"];
         if !stop_reason.is_null() && !self.finish_sent {
             self.finish_sent = true;
-            let event = self.delta(json!({}), Some(finish_reason(stop_reason)));
+            let reason = finish_reason(stop_reason);
+            self.finish_reason = Some(reason);
+            let event = self.delta(json!({}), Some(reason));
             out.push((EventKind::Content { finished: true }, event));
         }
     }
@@ -264,6 +269,13 @@ impl EventTranslator for AnthropicEvents {
                 ..usage
             },
             None => Usage::estimated(self.prompt_estimate, counted),
+        }
+    }
+
+    fn answer_so_far(&self) -> StreamAnswer<'_> {
+        StreamAnswer {
+            id: self.id.as_str().filter(|id| !id.is_empty()),
+            finish_reason: self.finish_reason,
         }
     }
 }
