@@ -190,13 +190,13 @@ pub fn price_of<'a>(alias: &'a Alias, candidate: &Candidate) -> Option<&'a Price
 }
 
 /// Millionths of a dollar: prices are dollars per million tokens.
-fn micro_usd(price: Option<&Price>, prompt: u64, completion: u64) -> u64 {
+pub(crate) fn micro_usd(price: Option<&Price>, prompt: u64, completion: u64) -> u64 {
     price.map_or(0, |p| {
         (prompt as f64 * p.input_per_1m + completion as f64 * p.output_per_1m).ceil() as u64
     })
 }
 
-fn meter_limits(limits: &Limits) -> Option<MeterLimits> {
+pub(crate) fn meter_limits(limits: &Limits) -> Option<MeterLimits> {
     let meter = MeterLimits {
         rpm: limits.rpm,
         tpm: limits.tpm,
@@ -209,7 +209,7 @@ fn meter_limits(limits: &Limits) -> Option<MeterLimits> {
     (meter != MeterLimits::default()).then_some(meter)
 }
 
-fn needs_tokens(limits: &MeterLimits) -> bool {
+pub(crate) fn needs_tokens(limits: &MeterLimits) -> bool {
     limits.tpm.is_some() || limits.tokens_per_day.is_some() || limits.micro_usd_per_month.is_some()
 }
 
@@ -430,7 +430,7 @@ fn refused(request: &Request<'_>, refusal: &Refusal, estimate: Option<Estimate>)
     }
 }
 
-fn seconds(wait: Duration) -> String {
+pub(crate) fn seconds(wait: Duration) -> String {
     let secs = wait.as_millis().div_ceil(1000).max(1);
     match secs {
         s if s < 120 => format!("{s}s"),

@@ -171,6 +171,23 @@ impl GatewayError {
         }
         response
     }
+
+    /// The error as a realtime `error` event answering the client event `event_id`, for a
+    /// refusal inside an open session (which stays open): the code and type of the HTTP answer.
+    pub fn realtime_event(&self, event_id: Option<&str>) -> String {
+        serde_json::json!({
+            "type": "error",
+            "event_id": format!("event_{:016x}", rand::random::<u64>()),
+            "error": {
+                "type": self.openai_type(),
+                "code": self.code(),
+                "message": self.to_string(),
+                "param": null,
+                "event_id": event_id,
+            }
+        })
+        .to_string()
+    }
 }
 
 /// `retry-after` in whole seconds (rounded up, at least 1) and `retry-after-ms` exactly.

@@ -1,11 +1,13 @@
 //! Realtime over WebSocket through the gateway, with a real WebSocket client and the simulated
 //! realtime upstreams: frames both ways (text, binary, 1 MiB), pings, close codes each way, the
 //! credential swap, failover while the upstream handshake has not succeeded, `max_sessions`,
-//! the idle and maximum durations, shutdown, and the usage record from `response.done`.
+//! the idle and maximum durations, shutdown, the usage record from `response.done`, and each
+//! response counted against the tenant's and key's token limits (memory and Redis state).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod instances;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -540,4 +542,127 @@ async fn a_wss_backend_is_reached_over_tls_and_a_failed_tls_handshake_is_a_conne
     assert_eq!(status, 502, "{body}");
     assert_eq!(body["error"]["code"], "upstream_failed");
     assert_eq!(attempts, "tls=connect_error");
+}
+
+/// The team with `tenant_limits`, its key with `key_limits`.
+fn limited_team(tenant_limits: &str, key_limits: &str) -> String {
+    format!(
+        "tenants:\n  - name: team\n    limits: {{ {tenant_limits} }}\n    keys: [{{ id: team-key, sha256: {}, limits: {{ {key_limits} }} }}]\n",
+        key_hash(KEY)
+    )
+}
+
+/// The error event that answers a `response.create` sent while a quota is spent.
+async fn refused_response(socket: &mut Socket, event_id: &str) -> Value {
+    send(
+        socket,
+        json!({"type": "response.create", "event_id": event_id}),
+    )
+    .await;
+    let error = event(socket).await;
+    assert_eq!(error["type"], "error", "{error}");
+    assert_eq!(error["error"]["code"], "quota_exceeded", "{error}");
+    assert_eq!(error["error"]["event_id"], event_id, "{error}");
+    error
+}
+
+/// The session stays open, and the refused `response.create` never reached the upstream: the
+/// next thing the upstream sends is the echo of the next event.
+async fn still_open_and_unasked(socket: &mut Socket) {
+    send(socket, json!({"type": "mock.echo", "n": 1})).await;
+    assert_eq!(event(socket).await, json!({"type": "mock.echo", "n": 1}));
+}
+
+async fn a_spent_daily_token_quota_refuses_the_next_response_and_handshake(state: &str) {
+    let yaml = format!(
+        "{state}{}",
+        config(&["rt-se"], &limited_team("tokens_per_day: 30", ""))
+    );
+    let h = Harness::start(vec![realtime("rt-se")], &yaml).await;
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    // Each response is 10 input and 8 output tokens: the second spends the day's 30.
+    let (_, usage) = respond(&mut socket).await;
+    assert_eq!(usage["total_tokens"], 18);
+    let admin = h.admin_get("/admin/tenants", Some(ADMIN_TOKEN)).await;
+    let limits = &admin.json()["tenants"][0]["limits"];
+    assert_eq!(limits["tokens_per_day"]["used"], 18, "{}", admin.body);
+    respond(&mut socket).await;
+    let error = refused_response(&mut socket, "evt_client_3").await;
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tokens_per_day") && message.contains("tenant `team`"),
+        "{message}"
+    );
+    still_open_and_unasked(&mut socket).await;
+    // The tenant's other requests see the spent day too.
+    let chat = h.chat("voice").await;
+    assert_eq!(
+        (chat.status.as_u16(), chat.code()),
+        (403, "quota_exceeded".into())
+    );
+    let (status, body) = refused(
+        &h,
+        AZURE_BETA,
+        &[("api-key", KEY), ("sec-websocket-protocol", "realtime")],
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("tokens_per_day"));
+    socket.close(Some(normal())).await.unwrap();
+    closed(&mut socket).await;
+}
+
+#[tokio::test]
+async fn a_spent_daily_token_quota_refuses_the_next_response_create_and_handshake() {
+    a_spent_daily_token_quota_refuses_the_next_response_and_handshake("").await;
+}
+
+#[tokio::test]
+async fn a_spent_daily_token_quota_refuses_the_next_response_create_and_handshake_with_redis() {
+    let state = instances::shared_state("realtime-quota");
+    a_spent_daily_token_quota_refuses_the_next_response_and_handshake(&state).await;
+}
+
+#[tokio::test]
+async fn responses_are_charged_at_the_alias_price_to_the_keys_monthly_dollars_and_the_tenants_tpm()
+{
+    let mut yaml = config(
+        &["rt-se"],
+        &limited_team("rpm: 1000, tpm: 100000", "usd_per_month: 0.0005"),
+    );
+    yaml = yaml.replace(
+        "      - { backend: rt-se, deployment: gpt-rt, priority: 1 }\n",
+        "      - { backend: rt-se, deployment: gpt-rt, priority: 1 }\n    price: { input_per_1m: 5, output_per_1m: 20 }\n",
+    );
+    let h = Harness::start(vec![realtime("rt-se")], &yaml).await;
+    let (mut socket, _) = connect(&h).await;
+    event(&mut socket).await;
+    // 10 input and 8 output tokens: 210 millionths of a dollar each; the third spends $0.0005.
+    for _ in 0..3 {
+        respond(&mut socket).await;
+    }
+    let error = refused_response(&mut socket, "evt_client_4").await;
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("usd_per_month") && message.contains("key `team-key`"),
+        "{message}"
+    );
+    still_open_and_unasked(&mut socket).await;
+    let admin = h.admin_get("/admin/tenants", Some(ADMIN_TOKEN)).await;
+    let team = &admin.json()["tenants"][0];
+    assert_eq!(team["limits"]["tpm"]["used"], 54, "{}", admin.body);
+    // Responses are tokens, not requests.
+    assert_eq!(team["limits"]["rpm"]["used"], 0, "{}", admin.body);
+    let spent = team["keys"][0]["limits"]["usd_per_month"]["used"]
+        .as_f64()
+        .unwrap();
+    assert!((spent - 0.00063).abs() < 1e-9, "{}", admin.body);
+    let (status, body) = refused(&h, AZURE_BETA, &[("api-key", KEY)]).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "quota_exceeded");
 }

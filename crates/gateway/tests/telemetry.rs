@@ -1,7 +1,9 @@
 //! OpenTelemetry traces over OTLP/HTTP through real HTTP: an in-process collector on port 0
 //! decodes what the gateway exports. A request that failed over twice is one SERVER span with
 //! three CLIENT attempt spans inside it; a stream's span ends with the stream and carries its
-//! measured usage; a caller's `traceparent` is joined; without `telemetry.otlp` nothing is sent.
+//! measured usage, id and finish reason; a continued cut stream has a span per continuation
+//! attempt; a realtime session is one span for the whole session; a caller's `traceparent` is
+//! joined; without `telemetry.otlp` nothing is sent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -152,6 +152,16 @@ pub trait State: Send + Sync + 'static {
         reservation: &Reservation,
         settlement: Settlement,
     ) -> impl Future<Output = ()> + Send;
+    /// Counts tokens and spend that were used without a reservation (a realtime session's
+    /// responses, admitted at its handshake) where they fall now, on every meter: in the rolling
+    /// minute, the UTC day and the UTC month. No request is counted and nothing is in flight.
+    /// Returns each meter's usage after the charge.
+    fn charge(
+        &self,
+        meters: &[MeterKey],
+        tokens: u64,
+        micro_usd: u64,
+    ) -> impl Future<Output = Result<Vec<MeterUsage>, Unavailable>> + Send;
     /// Current usage of each meter (for `/admin/tenants`).
     fn usage(
         &self,

@@ -368,6 +368,29 @@ impl MemoryState {
         }
     }
 
+    pub(crate) fn charge_now(
+        &self,
+        meters: &[MeterKey],
+        tokens: u64,
+        micro_usd: u64,
+    ) -> Vec<MeterUsage> {
+        let now = self.now();
+        let (second, day) = (now / 1000, day_of(now));
+        let month = month_of(day);
+        meters
+            .iter()
+            .map(|key| {
+                let meter = self.meter(key);
+                let mut meter = lock(&meter);
+                meter.roll(day, month);
+                meter.window.add(second, 0, tokens);
+                meter.day.1 += tokens;
+                meter.month.1 += micro_usd;
+                meter.usage(second)
+            })
+            .collect()
+    }
+
     pub(crate) fn usage_now(&self, meters: &[MeterKey]) -> Vec<MeterUsage> {
         let now = self.now();
         let day = day_of(now);
@@ -472,6 +495,15 @@ impl State for MemoryState {
 
     async fn settle(&self, reservation: &Reservation, settlement: Settlement) {
         self.settle_now(reservation, settlement)
+    }
+
+    async fn charge(
+        &self,
+        meters: &[MeterKey],
+        tokens: u64,
+        micro_usd: u64,
+    ) -> Result<Vec<MeterUsage>, Unavailable> {
+        Ok(self.charge_now(meters, tokens, micro_usd))
     }
 
     async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {

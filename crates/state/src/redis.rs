@@ -48,6 +48,7 @@ struct Scripts {
     routing: Script,
     admit: Script,
     settle: Script,
+    charge: Script,
     usage: Script,
     breaker: Script,
     mark: Script,
@@ -65,6 +66,11 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("lua/admit.lua")
     )),
     settle: Script::new(include_str!("lua/settle.lua")),
+    charge: Script::new(concat!(
+        include_str!("lua/clock.lua"),
+        include_str!("lua/meter.lua"),
+        include_str!("lua/charge.lua")
+    )),
     usage: Script::new(concat!(
         include_str!("lua/clock.lua"),
         include_str!("lua/meter.lua"),
@@ -664,6 +670,30 @@ impl State for RedisState {
                 invocation.invoke_async::<i64>(&mut c).await
             })
             .await;
+    }
+
+    async fn charge(
+        &self,
+        meters: &[MeterKey],
+        tokens: u64,
+        micro_usd: u64,
+    ) -> Result<Vec<MeterUsage>, Unavailable> {
+        let values: Option<Vec<i64>> = self
+            .call(|mut c| async move {
+                let mut invocation = SCRIPTS.charge.prepare_invoke();
+                for meter in meters {
+                    for key in self.keys.meter(meter) {
+                        invocation.key(key);
+                    }
+                }
+                invocation.arg(tokens).arg(micro_usd);
+                invocation.invoke_async(&mut c).await
+            })
+            .await;
+        match values {
+            Some(values) => Ok(usage_at(&values, 0, meters.len())),
+            None => self.fallback(|local| local.charge_now(meters, tokens, micro_usd)),
+        }
     }
 
     async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {

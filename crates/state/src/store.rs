@@ -228,6 +228,15 @@ impl State for Store {
         delegate!(self, s => s.settle(reservation, settlement))
     }
 
+    async fn charge(
+        &self,
+        meters: &[MeterKey],
+        tokens: u64,
+        micro_usd: u64,
+    ) -> Result<Vec<MeterUsage>, Unavailable> {
+        delegate!(self, s => s.charge(meters, tokens, micro_usd))
+    }
+
     async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {
         delegate!(self, s => s.usage(meters))
     }

@@ -361,3 +361,52 @@ async fn a_flushed_script_is_loaded_again_without_charging_twice() {
     let usage = store.usage(&[MeterKey::tenant("t")]).await.unwrap();
     assert_eq!(usage[0].requests, 1, "the admission ran once");
 }
+
+/// Spends 20 tokens and 4 µ$, then 10 and 3, on a tenant and its key.
+async fn spend<S: State>(store: &S) -> Vec<onedoor_state::MeterUsage> {
+    let meters = [MeterKey::tenant("t"), MeterKey::key("t", "k")];
+    store.charge(&meters, 20, 4).await.unwrap();
+    store.charge(&meters, 10, 3).await.unwrap()
+}
+
+#[tokio::test]
+async fn spent_tokens_count_in_the_minute_day_and_month_without_a_request_as_in_memory() {
+    let redis = redis("charge").await;
+    let memory = onedoor_state::MemoryState::new();
+    let (shared, local) = (spend(&redis).await, spend(&memory).await);
+    assert_eq!(shared, local);
+    for used in &shared {
+        let counted = (
+            used.requests,
+            used.tokens,
+            used.in_flight,
+            used.day_tokens,
+            used.month_micro_usd,
+        );
+        assert_eq!(counted, (0, 30, 0, 30, 7));
+    }
+    let read = redis.usage(&[MeterKey::key("t", "k")]).await.unwrap();
+    assert_eq!(read[0], shared[1]);
+    // The day's tokens are spent: the next ask that needs one is refused.
+    let quota = Ask {
+        meters: vec![(
+            MeterKey::tenant("t"),
+            MeterLimits {
+                tokens_per_day: Some(30),
+                ..MeterLimits::default()
+            },
+        )],
+        charge: Charge {
+            tokens: 1,
+            micro_usd: 0,
+            lease_ms: 1000,
+        },
+        enforce: true,
+    };
+    for verdict in [redis.admit(&quota).await, memory.admit(&quota).await] {
+        let Verdict::Refused(refusal) = verdict.unwrap() else {
+            panic!("the day's tokens are spent");
+        };
+        assert_eq!((refusal.limit, refusal.used), (Limit::TokensPerDay, 30));
+    }
+}

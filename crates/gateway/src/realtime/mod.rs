@@ -11,6 +11,7 @@
 mod ask;
 mod close;
 mod limit;
+mod quota;
 mod session;
 mod upstream;
 
@@ -35,6 +36,7 @@ use crate::surface::RealtimePath;
 use crate::telemetry::{Attempts, RequestSpan};
 
 use ask::Ask;
+use quota::Quota;
 use session::Session;
 pub use session::Sessions;
 
@@ -107,6 +109,7 @@ async fn accept(
                 .into(),
         )
     })?;
+    let quota = Quota::check(&runtime.state, caller.tenant, caller.key).await?;
     let slot = limit::admit(snapshot, &runtime.state, caller.tenant, caller.key).await?;
     let mut plan = router::plan(
         runtime,
@@ -178,13 +181,15 @@ async fn accept(
         attempts = %record.attempts,
         "realtime session opened"
     );
+    let price = onedoor_usage::price_of(alias, candidate.backend, &candidate.deployment).copied();
     let session = Session {
         runtime: runtime.clone(),
         upstream,
         client,
         entered,
         slot,
-        price: onedoor_usage::price_of(alias, candidate.backend, &candidate.deployment).copied(),
+        quota: quota.priced(price),
+        price,
         record,
         started,
         span: span

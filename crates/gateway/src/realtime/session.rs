@@ -2,7 +2,9 @@
 //! answered hop by hop, and the gateway pings both sides when they are quiet), the gateway's own
 //! ends (idle, `max_session`, shutdown), close frames passed across ([`super::close`]), and the
 //! session's tokens summed from the upstream's `response.done` events into one usage record
-//! when it ends. No event is parsed except those that name `response.done`.
+//! when it ends, each response counted against the caller's token limits as it is done
+//! ([`super::quota`]). No event is parsed except those that name `response.done` (and, once a
+//! period quota is spent, the client's `response.create`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use hyper_util::rt::TokioIo;
 use onedoor_config::Price;
 use onedoor_usage::{Source, Tokens, UsageRecord};
 use serde_json::Value;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -23,10 +25,14 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::close;
 use super::limit::Slot;
+use super::quota::Quota;
 use super::upstream::{config, UpstreamSocket};
 use crate::runtime::Runtime;
 use crate::telemetry::RequestSpan;
 
+/// The gateway's own answers to client events waiting to be sent; more are dropped (a client
+/// that sends events it is refused faster than it reads the refusals).
+const ANSWERS: usize = 16;
 /// A quiet side is pinged this often, so proxies with idle timeouts keep the connection.
 const KEEPALIVE: Duration = Duration::from_secs(20);
 /// How long a close handshake may take before the connection is dropped anyway.
@@ -107,26 +113,26 @@ pub struct SessionUsage {
 }
 
 impl SessionUsage {
-    /// Adds the usage of `frame` when it is a `response.done` event; any other frame costs a
-    /// substring search.
-    pub fn observe(&mut self, frame: &str) {
+    /// Adds the usage of `frame` when it is a `response.done` event, and returns that
+    /// response's (input, output) tokens; any other frame costs a substring search.
+    pub fn observe(&mut self, frame: &str) -> Option<(u64, u64)> {
         if !frame.contains("response.done") {
-            return;
+            return None;
         }
-        let Ok(event) = serde_json::from_str::<Value>(frame) else {
-            return;
-        };
+        let event = serde_json::from_str::<Value>(frame).ok()?;
         if event["type"] != "response.done" {
-            return;
+            return None;
         }
         self.responses += 1;
         let usage = &event["response"]["usage"];
         let n = |v: &Value| v.as_u64().unwrap_or(0);
-        self.input_tokens += n(&usage["input_tokens"]);
-        self.output_tokens += n(&usage["output_tokens"]);
+        let (input, output) = (n(&usage["input_tokens"]), n(&usage["output_tokens"]));
+        self.input_tokens += input;
+        self.output_tokens += output;
         self.cached_tokens += n(&usage["input_token_details"]["cached_tokens"]);
         self.input_audio_tokens += n(&usage["input_token_details"]["audio_tokens"]);
         self.output_audio_tokens += n(&usage["output_token_details"]["audio_tokens"]);
+        Some((input, output))
     }
 
     /// The session's tokens for its usage record: measured once the upstream reported any.
@@ -224,6 +230,8 @@ pub struct Session {
     pub entered: Entered,
     /// The tenant's `max_sessions` place, given back when the session ends.
     pub slot: Slot,
+    /// The caller's token limits, charged each response.
+    pub quota: Quota,
     /// The usage record, complete but for the tokens, cost and duration.
     pub record: UsageRecord,
     pub price: Option<Price>,
@@ -247,6 +255,7 @@ impl Session {
                     client,
                     upstream,
                     &self.runtime,
+                    &self.quota,
                     &mut self.entered.going_away,
                 )
                 .await
@@ -292,6 +301,7 @@ async fn pump<C, U>(
     client: WebSocketStream<C>,
     upstream: WebSocketStream<U>,
     runtime: &Runtime,
+    quota: &Quota,
     going_away: &mut watch::Receiver<bool>,
 ) -> (End, SessionUsage)
 where
@@ -303,20 +313,23 @@ where
     let (mut to_upstream, mut from_upstream) = upstream.split();
     let activity = Activity::new();
     let mut usage = SessionUsage::default();
+    let (answers, answered) = mpsc::channel(ANSWERS);
     let end = {
         let up = forward(
             &mut from_client,
             &mut to_upstream,
-            Side::Client,
             &activity,
-            None,
+            Duty::Guard { quota, answers },
         );
         let down = forward(
             &mut from_upstream,
             &mut to_client,
-            Side::Upstream,
             &activity,
-            Some(&mut usage),
+            Duty::Meter {
+                usage: &mut usage,
+                quota,
+                answers: answered,
+            },
         );
         tokio::select! {
             end = up => end,
@@ -367,24 +380,80 @@ where
     (end, usage)
 }
 
+/// The gateway's own part in one direction of a session, besides passing frames.
+enum Duty<'a> {
+    /// Client to upstream: a `response.create` while a period quota is spent is not forwarded;
+    /// its `error` event goes to `answers`, which the other direction sends to the client.
+    Guard {
+        quota: &'a Quota,
+        answers: mpsc::Sender<Message>,
+    },
+    /// Upstream to client: each `response.done` is summed into `usage` and counted on `quota`
+    /// before it goes on (so the client cannot ask again before it counts); the other
+    /// direction's `answers` are sent to the client too.
+    Meter {
+        usage: &'a mut SessionUsage,
+        quota: &'a Quota,
+        answers: mpsc::Receiver<Message>,
+    },
+}
+
+impl Duty<'_> {
+    /// Where the frames come from.
+    fn side(&self) -> Side {
+        match self {
+            Duty::Guard { .. } => Side::Client,
+            Duty::Meter { .. } => Side::Upstream,
+        }
+    }
+
+    /// The next frame the gateway itself sends this way.
+    async fn answer(&mut self) -> Option<Message> {
+        match self {
+            Duty::Meter { answers, .. } => answers.recv().await,
+            Duty::Guard { .. } => std::future::pending().await,
+        }
+    }
+
+    /// Whether the text frame goes on.
+    async fn passes(&mut self, text: &str) -> bool {
+        match self {
+            Duty::Guard { quota, answers } => match quota.refuses(text) {
+                Some(error) => {
+                    let _ = answers.try_send(Message::text(error));
+                    false
+                }
+                None => true,
+            },
+            Duty::Meter { usage, quota, .. } => {
+                if let Some((input, output)) = usage.observe(text) {
+                    quota.spend(input, output).await;
+                }
+                true
+            }
+        }
+    }
+}
+
 /// Sends `from`'s text and binary frames to `to` as they come, until `from` closes or either
-/// breaks. Frames from the upstream are metered into `usage`. `to` is pinged when quiet.
-async fn forward<R, W>(
-    from: &mut R,
-    to: &mut W,
-    side: Side,
-    activity: &Activity,
-    mut usage: Option<&mut SessionUsage>,
-) -> End
+/// breaks, doing the direction's `duty` on the way. `to` is pinged when quiet.
+async fn forward<R, W>(from: &mut R, to: &mut W, activity: &Activity, mut duty: Duty<'_>) -> End
 where
     R: Stream<Item = Result<Message, WsError>> + Unpin,
     W: Sink<Message, Error = WsError> + Unpin,
 {
+    let side = duty.side();
     let mut keepalive = tokio::time::interval_at(Instant::now() + KEEPALIVE, KEEPALIVE);
     keepalive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let message = tokio::select! {
             message = from.next() => message,
+            Some(answer) = duty.answer() => {
+                if let Err(error) = to.send(answer).await {
+                    return End::Gone(side.other(), error.to_string());
+                }
+                continue;
+            }
             _ = keepalive.tick() => {
                 if let Err(error) = to.send(Message::Ping(Bytes::new())).await {
                     return End::Gone(side.other(), error.to_string());
@@ -400,10 +469,12 @@ where
             Some(Ok(data)) => data,
         };
         activity.touch();
-        if let (Some(usage), Message::Text(text)) = (usage.as_deref_mut(), &data) {
-            usage.observe(text.as_str());
-        }
         keepalive.reset();
+        if let Message::Text(text) = &data {
+            if !duty.passes(text.as_str()).await {
+                continue;
+            }
+        }
         if let Err(error) = to.send(data).await {
             return End::Gone(side.other(), error.to_string());
         }
