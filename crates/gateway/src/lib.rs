@@ -20,6 +20,7 @@ mod health;
 mod messages;
 mod metrics;
 mod outcome;
+mod park;
 mod pipeline;
 mod provider;
 mod readiness;
