@@ -324,11 +324,13 @@ struct Seen {
 impl Seen {
     fn frame(&mut self, data: &[u8]) {
         self.first_at.get_or_insert_with(Instant::now);
-        for event in data
-            .split(|b| *b == b'\n')
-            .filter(|line| line.starts_with(b"data:"))
-        {
-            let payload = event[5..].trim_ascii();
+        let lines = std::iter::once(0).chain(memchr::memchr_iter(b'\n', data).map(|at| at + 1));
+        for start in lines {
+            let Some(rest) = data[start..].strip_prefix(b"data:") else {
+                continue;
+            };
+            let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
+            let payload = rest[..end].trim_ascii();
             if payload.starts_with(b"{\"error\"") {
                 self.cut = true;
             } else if payload != b"[DONE]" {
@@ -342,16 +344,27 @@ impl Seen {
     }
 }
 
-/// The usage an OpenAI usage chunk carries; only events that name `usage` are parsed.
+/// The usage an OpenAI usage chunk carries; only events with a `usage` object are parsed (with
+/// `include_usage` every chunk names it, as `"usage":null`, until the last).
 fn streamed_usage(payload: &[u8]) -> Option<Tokens> {
-    if !contains(payload, b"\"usage\"") {
+    if !has_usage_object(payload) {
         return None;
     }
     measured(payload)
 }
 
+/// Whether `"usage"` is followed by `:` and an object somewhere in `payload`.
+fn has_usage_object(payload: &[u8]) -> bool {
+    memchr::memmem::find_iter(payload, b"\"usage\"").any(|at| {
+        let mut after = payload[at + 7..]
+            .iter()
+            .filter(|b| !b.is_ascii_whitespace());
+        after.next() == Some(&b':') && after.next() == Some(&b'{')
+    })
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// A streamed answer's body that records its request when it ends: at its last frame, at an
@@ -436,6 +449,17 @@ impl Drop for Metered {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_chunks_with_a_usage_object_are_parsed() {
+        assert!(!has_usage_object(br#"{"choices":[],"usage":null}"#));
+        assert!(!has_usage_object(br#"{"content":"usage","usage" : null}"#));
+        assert!(has_usage_object(
+            br#"{"x":"usage","usage" : {"prompt_tokens":1}}"#
+        ));
+        let chunk = br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        assert_eq!(streamed_usage(chunk).map(|t| t.input), Some(3));
+    }
 
     #[test]
     fn usage_blocks_of_every_dialect_are_read() {

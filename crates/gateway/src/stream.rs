@@ -5,6 +5,7 @@
 //! explicit error event, never a silent close. The stream's usage is reported when it ends, and
 //! told in a final SSE comment just before its terminal event.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -27,50 +28,96 @@ use crate::usage::{Usage, UsageSink, UsageSource};
 /// Splits a byte stream into SSE events (each ending in a blank line).
 #[derive(Default)]
 pub struct Framer {
+    /// A frame pushed while no partial event waited: its events are sliced out of it without a
+    /// copy (upstreams mostly send whole events, one or a few to a frame).
+    whole: Bytes,
+    /// A partial event and whatever came after it.
     buffer: BytesMut,
 }
 
 impl Framer {
     pub fn push(&mut self, bytes: &[u8]) {
+        self.spill();
         self.buffer.extend_from_slice(bytes);
+    }
+
+    /// Takes a frame as it came; its whole events are relayed as slices of it.
+    pub fn push_frame(&mut self, frame: Bytes) {
+        self.spill();
+        if frame.is_empty() {
+            return;
+        }
+        if self.buffer.is_empty() {
+            self.whole = frame;
+        } else {
+            self.buffer.extend_from_slice(&frame);
+        }
+    }
+
+    /// Moves what is left of the whole frame into the buffer, ahead of anything pushed next.
+    fn spill(&mut self) {
+        if !self.whole.is_empty() {
+            self.buffer
+                .extend_from_slice(&std::mem::take(&mut self.whole));
+        }
     }
 
     /// The next complete event, with its terminating blank line.
     pub fn next_event(&mut self) -> Option<Bytes> {
+        if !self.whole.is_empty() {
+            // The last event takes the frame itself: no empty slice keeps the upstream
+            // connection's read buffer shared (it would reallocate rather than reuse it).
+            return match find_event_end(&self.whole) {
+                Some(end) if end == self.whole.len() => Some(std::mem::take(&mut self.whole)),
+                Some(end) => Some(self.whole.split_to(end)),
+                None => {
+                    self.spill();
+                    None
+                }
+            };
+        }
         let end = find_event_end(&self.buffer)?;
         Some(self.buffer.split_to(end).freeze())
     }
 
     /// Whatever is left when the upstream closed (an event without its blank line).
     pub fn rest(&mut self) -> Option<Bytes> {
+        self.spill();
         let rest = self.buffer.split().freeze();
         (!rest.iter().all(u8::is_ascii_whitespace)).then_some(rest)
     }
 }
 
+/// The end of the first event: after the line break that follows a line break (`\n\n`,
+/// `\n\r\n`, `\r\n\r\n`).
 fn find_event_end(buffer: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i + 1 < buffer.len() {
-        match &buffer[i..] {
-            [b'\n', b'\n', ..] => return Some(i + 2),
-            [b'\r', b'\n', b'\r', b'\n', ..] => return Some(i + 4),
-            [b'\n', b'\r', b'\n', ..] => return Some(i + 3),
-            _ => i += 1,
-        }
-    }
-    None
+    memchr::memchr_iter(b'\n', buffer).find_map(|i| match &buffer[i + 1..] {
+        [b'\n', ..] => Some(i + 2),
+        [b'\r', b'\n', ..] => Some(i + 3),
+        _ => None,
+    })
 }
 
-/// The `data:` payload of an event (multi-line data joined by `\n`).
-pub fn event_data(event: &[u8]) -> Vec<u8> {
-    let mut data = Vec::new();
-    for line in event.split(|b| *b == b'\n') {
+/// The `data:` payload of an event (multi-line data joined by `\n`), borrowed from the event
+/// when it has a single data line.
+pub fn event_data(event: &[u8]) -> Cow<'_, [u8]> {
+    let mut data = Cow::Borrowed(&[][..]);
+    let mut lines = 0;
+    let starts = std::iter::once(0).chain(memchr::memchr_iter(b'\n', event).map(|at| at + 1));
+    for start in starts {
+        let line = &event[start..];
+        let line = &line[..memchr::memchr(b'\n', line).unwrap_or(line.len())];
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         if let Some(value) = line.strip_prefix(b"data:") {
-            if !data.is_empty() {
-                data.push(b'\n');
+            let value = value.strip_prefix(b" ").unwrap_or(value);
+            lines += 1;
+            if lines == 1 {
+                data = Cow::Borrowed(value);
+            } else {
+                let joined = data.to_mut();
+                joined.push(b'\n');
+                joined.extend_from_slice(value);
             }
-            data.extend_from_slice(value.strip_prefix(b" ").unwrap_or(value));
         }
     }
     data
@@ -202,6 +249,8 @@ pub struct Relay {
     translator: Box<dyn EventTranslator>,
     /// The event that ends the stream (`[DONE]`, an error), held back until the usage is told.
     terminal: Option<Bytes>,
+    /// The translator's output for one upstream event, kept to reuse its allocation.
+    translated: Vec<(EventKind, Bytes)>,
 }
 
 /// The `id`, `created` and `model` of the caller's stream; a continuation's chunks carry them too,
@@ -288,19 +337,21 @@ impl Relay {
     }
 
     /// Takes complete events out of the framer; returns the most telling kind among them.
-    fn absorb(&mut self, data: &[u8]) -> Option<EventKind> {
-        self.framer.push(data);
+    fn absorb(&mut self, data: Bytes) -> Option<EventKind> {
+        self.framer.push_frame(data);
         let mut notable = None;
-        let mut translated = Vec::new();
-        while let Some(event) = self.framer.next_event() {
+        let mut translated = std::mem::take(&mut self.translated);
+        'events: while let Some(event) = self.framer.next_event() {
             self.translator.translate(event, &mut translated);
             for (kind, event) in translated.drain(..) {
                 self.take(kind, event, &mut notable);
                 if self.finished {
-                    return notable;
+                    break 'events;
                 }
             }
         }
+        translated.clear();
+        self.translated = translated;
         notable
     }
 
@@ -395,11 +446,12 @@ impl Relay {
             rewrite,
             translator,
             terminal: None,
+            translated: Vec::new(),
         };
         let until = first_token_by.min(rules.deadline);
         loop {
             match relay.read(until).await {
-                Read::Data(data) => match relay.absorb(&data) {
+                Read::Data(data) => match relay.absorb(data) {
                     Some(EventKind::Error) => {
                         return Err(Failure::Reset("the upstream sent an error event".into()))
                     }
@@ -428,7 +480,7 @@ impl Relay {
             let until = (Instant::now() + self.rules.idle).min(self.rules.deadline);
             let cut = match self.read(until).await {
                 Read::Data(data) => {
-                    self.absorb(&data);
+                    self.absorb(data);
                     continue;
                 }
                 Read::End => return self.end_cleanly(),
@@ -663,11 +715,29 @@ mod tests {
             Some(&b"data: {\"a\":1}\n\n"[..])
         );
         assert_eq!(framer.next_event(), None);
-        framer.push(b":2}\r\n\r\n");
+        framer.push_frame(Bytes::from_static(b":2}\r\n\r\ndata: 3\n\ndata: 4"));
         assert_eq!(
             framer.next_event().as_deref(),
             Some(&b"data: {\"b\":2}\r\n\r\n"[..])
         );
+        assert_eq!(framer.next_event().as_deref(), Some(&b"data: 3\n\n"[..]));
+        assert_eq!(framer.next_event(), None);
+        framer.push_frame(Bytes::from_static(b"\n\n"));
+        assert_eq!(framer.next_event().as_deref(), Some(&b"data: 4\n\n"[..]));
+        assert_eq!(framer.rest(), None);
+    }
+
+    #[test]
+    fn whole_frames_are_split_without_a_copy() {
+        let frame = Bytes::from_static(b"data: 1\n\ndata: 2\n\n");
+        let mut framer = Framer::default();
+        framer.push_frame(frame.clone());
+        let first = framer.next_event().unwrap();
+        assert_eq!(first.as_ptr(), frame.as_ptr());
+        assert_eq!(framer.next_event().as_deref(), Some(&b"data: 2\n\n"[..]));
+        assert_eq!(framer.next_event(), None);
+        assert!(matches!(event_data(b"data: a\n\n"), Cow::Borrowed(b"a")));
+        assert_eq!(&*event_data(b"data: a\ndata: b\n\n"), b"a\nb");
     }
 
     #[test]

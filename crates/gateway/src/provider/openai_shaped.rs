@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -152,6 +153,36 @@ impl ChatEvents {
         Bytes::from(format!("data: {chunk}\n\n"))
     }
 
+    /// The kind of a chunk that goes out as it came, read without building its tree: no tool
+    /// calls, usage or error in it, and the stream's identity already known. `None` for any other
+    /// chunk, which [`EventTranslator::translate`] reads whole.
+    fn pass(&mut self, data: &[u8]) -> Option<EventKind> {
+        if self.saw_tool {
+            return None;
+        }
+        // Skipped strings are not checked for UTF-8 by the parser; the caller must get text.
+        let data = std::str::from_utf8(data).ok()?;
+        let chunk: Passing<'_> = serde_json::from_str(data).ok()?;
+        let new_identity = chunk.id.is_some_and(|id| !id.0.is_empty()) && self.identity["id"] == "";
+        if chunk.error.is_some()
+            || chunk.usage.is_some()
+            || chunk.choices.tool_calls
+            || new_identity
+        {
+            return None;
+        }
+        let choices = chunk.choices;
+        self.completion_chars += choices.content_chars;
+        if let Some(reason) = choices.finish_reason {
+            self.finish_reason = Some(reason.0.into_owned());
+        }
+        Some(match (choices.count, choices.finished, choices.content) {
+            (0, _, _) if chunk.prompt_filter_results.is_some() => EventKind::FilterOnly,
+            (0, _, _) | (_, false, false) => EventKind::Meta,
+            (_, finished, _) => EventKind::Content { finished },
+        })
+    }
+
     fn end(&mut self, done: Bytes, out: &mut Vec<(EventKind, Bytes)>) {
         if self.done {
             return;
@@ -173,6 +204,10 @@ impl EventTranslator for ChatEvents {
         }
         if data == b"[DONE]" {
             return self.end(event, out);
+        }
+        if let Some(kind) = self.pass(data) {
+            out.push((kind, event));
+            return;
         }
         let Ok(mut chunk) = serde_json::from_slice::<Value>(data) else {
             out.push((EventKind::Malformed, event));
@@ -221,6 +256,106 @@ impl EventTranslator for ChatEvents {
             id: self.identity["id"].as_str().filter(|id| !id.is_empty()),
             finish_reason: self.finish_reason.as_deref(),
         }
+    }
+}
+
+/// A chunk as far as [`ChatEvents::pass`] reads it, borrowed from the event; anything else in it
+/// is skipped unparsed.
+#[derive(Deserialize)]
+struct Passing<'a> {
+    #[serde(borrow, default)]
+    id: Option<Text<'a>>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+    #[serde(default)]
+    usage: Option<IgnoredAny>,
+    #[serde(default)]
+    prompt_filter_results: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    choices: PassingChoices<'a>,
+}
+
+/// A string borrowed from the event when it has no escapes.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// The characters of a string, counted without keeping it.
+struct Chars(usize);
+
+impl<'de> Deserialize<'de> for Chars {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Count;
+        impl Visitor<'_> for Count {
+            type Value = Chars;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Chars, E> {
+                Ok(Chars(text.chars().count()))
+            }
+        }
+        deserializer.deserialize_str(Count)
+    }
+}
+
+/// What a chunk's choices say, summed over them as they are read (no list is built).
+#[derive(Default)]
+struct PassingChoices<'a> {
+    count: usize,
+    content_chars: usize,
+    /// Text or a refusal in a delta.
+    content: bool,
+    tool_calls: bool,
+    finished: bool,
+    /// The last finish reason among them.
+    finish_reason: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct PassingChoice<'a> {
+    #[serde(default)]
+    delta: Option<PassingDelta>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct PassingDelta {
+    #[serde(default)]
+    content: Option<Chars>,
+    #[serde(default)]
+    tool_calls: Option<IgnoredAny>,
+    #[serde(default)]
+    refusal: Option<Chars>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for PassingChoices<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Sum<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for Sum<'a> {
+            type Value = PassingChoices<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of choices")
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+                let mut sum = PassingChoices::default();
+                while let Some(choice) = seq.next_element::<PassingChoice<'a>>()? {
+                    sum.count += 1;
+                    if let Some(delta) = choice.delta {
+                        let text = delta.content.map_or(0, |c| c.0);
+                        sum.content_chars += text;
+                        sum.content |= text > 0 || delta.refusal.is_some_and(|r| r.0 > 0);
+                        sum.tool_calls |= delta.tool_calls.is_some();
+                    }
+                    if let Some(reason) = choice.finish_reason {
+                        sum.finished = true;
+                        sum.finish_reason = Some(reason);
+                    }
+                }
+                Ok(sum)
+            }
+        }
+        deserializer.deserialize_seq(Sum(std::marker::PhantomData))
     }
 }
 
