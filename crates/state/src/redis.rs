@@ -536,21 +536,12 @@ fn limits_args(limits: &MeterLimits) -> [i64; 5] {
 
 impl State for RedisState {
     async fn routing(&self, query: RoutingQuery<'_>) -> Result<RoutingView, Unavailable> {
-        let (keys, args) = self.routing_keys(&query);
-        let values: Option<Vec<i64>> = self
-            .call(|mut c| async move {
-                let mut invocation = SCRIPTS.routing.prepare_invoke();
-                for key in &keys {
-                    invocation.key(key);
-                }
-                for arg in &args {
-                    invocation.arg(arg);
-                }
-                invocation.invoke_async(&mut c).await
-            })
+        let calls = [(&SCRIPTS.routing, self.routing_cmd(&query))];
+        let values = self
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
         match values {
-            Some(values) => Ok(read_routing(&values, &query)),
+            Some([values]) => Ok(read_routing(&values, &query)),
             None => self.fallback(|local| local.routing_now(query)),
         }
     }
@@ -583,31 +574,12 @@ impl State for RedisState {
 
     async fn admit(&self, ask: &Ask) -> Result<Verdict, Unavailable> {
         let member: u64 = rand::random();
-        let values: Option<Vec<i64>> = self
-            .call(|mut c| async move {
-                let mut invocation = SCRIPTS.admit.prepare_invoke();
-                for (meter, _) in &ask.meters {
-                    for key in self.keys.meter(meter) {
-                        invocation.key(key);
-                    }
-                }
-                invocation
-                    .arg(ask.meters.len())
-                    .arg(ask.charge.tokens)
-                    .arg(ask.charge.micro_usd)
-                    .arg(ask.charge.lease_ms)
-                    .arg(member)
-                    .arg(u8::from(ask.enforce));
-                for (_, limits) in &ask.meters {
-                    for limit in limits_args(limits) {
-                        invocation.arg(limit);
-                    }
-                }
-                invocation.invoke_async(&mut c).await
-            })
+        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member))];
+        let values = self
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
         match values {
-            Some(values) => Ok(read_verdict(&values, ask, member)),
+            Some([values]) => Ok(read_verdict(&values, ask, member)),
             None => self.fallback(|local| local.admit_now(ask)),
         }
     }
