@@ -909,8 +909,10 @@ mod realtime {
             duration >= 150_000_000,
             "the session span lasted {duration} ns"
         );
+        // The span starts after the client connected; it ends when the gateway has finished the
+        // session, which may be a moment after the client read the close frame.
         assert!(
-            u128::from(duration) <= lasted.as_nanos(),
+            u128::from(duration) <= (lasted + std::time::Duration::from_millis(50)).as_nanos(),
             "{duration} ns against {lasted:?}"
         );
 
