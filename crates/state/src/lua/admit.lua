@@ -77,16 +77,7 @@ for i = 1, n do
   redis.call('PEXPIRE', w, 61000)
   redis.call('ZADD', f, now + lease, member)
   redis.call('PEXPIRE', f, lease + 1000)
-  local df, mf = 'd' .. day, 'm' .. month
-  local day_total = redis.call('HINCRBY', p, df, tokens)
-  local month_total = redis.call('HINCRBY', p, mf, usd)
-  -- A period's first charge: the ones before it are over.
-  if day_total == tokens or month_total == usd then
-    for _, k in ipairs(redis.call('HKEYS', p)) do
-      if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
-    end
-  end
-  redis.call('PEXPIRE', p, 35 * 86400000)
+  charge_period(p, tokens, usd)
   m.r, m.t, m.fly, m.d, m.m = m.r + 1, m.t + tokens, m.fly + 1, m.d + tokens, m.m + usd
 end
 return usage({ 1, second, day, month })

@@ -10,16 +10,7 @@ for i = 1, #KEYS / 3 do
   redis.call('HINCRBY', w, 't' .. second, tokens)
   redis.call('HINCRBY', w, 'T', tokens)
   redis.call('PEXPIRE', w, 61000)
-  local df, mf = 'd' .. day, 'm' .. month
-  local day_total = redis.call('HINCRBY', p, df, tokens)
-  local month_total = redis.call('HINCRBY', p, mf, usd)
-  -- A period's first charge: the ones before it are over.
-  if day_total == tokens or month_total == usd then
-    for _, k in ipairs(redis.call('HKEYS', p)) do
-      if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
-    end
-  end
-  redis.call('PEXPIRE', p, 35 * 86400000)
+  local day_total, month_total = charge_period(p, tokens, usd)
   out[#out + 1] = m.r
   out[#out + 1] = m.t + tokens
   out[#out + 1] = m.fly

@@ -86,3 +86,18 @@ local function read_meter(w, f, p, prune)
   m.m = pv[2] and tonumber(pv[2]) or 0
   return m
 end
+
+-- Adds tokens to the UTC day and millionths of a dollar to the UTC month of period hash p, and
+-- returns the two totals. A period's first charge: the ones before it are over.
+local function charge_period(p, tokens, usd)
+  local df, mf = 'd' .. day, 'm' .. month
+  local day_total = redis.call('HINCRBY', p, df, tokens)
+  local month_total = redis.call('HINCRBY', p, mf, usd)
+  if day_total == tokens or month_total == usd then
+    for _, k in ipairs(redis.call('HKEYS', p)) do
+      if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
+    end
+  end
+  redis.call('PEXPIRE', p, 35 * 86400000)
+  return day_total, month_total
+end
