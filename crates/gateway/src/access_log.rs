@@ -1,11 +1,11 @@
 //! The access log: one JSON line per request on stderr (or the file `ONEDOOR_ACCESS_LOG`
-//! names; `off` for none), written by a thread of its own through a buffered writer, so the
-//! request path pays for a serialisation and a channel send, never for a write. Prompts,
+//! names; `off` for none), written by a thread of its own every 20 ms, so the request path pays
+//! for a serialisation and a copy, never for a write or a wake-up. Prompts,
 //! completions and keys are never in it: only ids, names and numbers.
 
 use std::io::Write;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use onedoor_usage::UsageRecord;
 use serde::Serialize;
@@ -13,8 +13,12 @@ use serde::Serialize;
 /// Where the log goes: unset or `stderr`, `off`, or a file path lines are appended to.
 pub const DESTINATION_VAR: &str = "ONEDOOR_ACCESS_LOG";
 
-/// Lines waiting for the writer; past this the log drops lines rather than slow requests.
-const QUEUE: usize = 16_384;
+/// Text waiting for the writer; past this the log drops lines rather than slow requests.
+const MAX_PENDING: usize = 8 << 20;
+/// Pending text past this wakes the writer before its next round.
+const WAKE_AT: usize = 256 << 10;
+/// How often the writer writes out what is pending: a line is in the log at most this late.
+const FLUSH_EVERY: Duration = Duration::from_millis(20);
 /// A line with every field filled and long names is about this long.
 const LINE_BYTES: usize = 640;
 
@@ -99,35 +103,104 @@ impl<'a> Line<'a> {
     }
 }
 
-/// Queues `line` for the writer; a full queue (stderr blocked) drops it.
+/// Appends `line` to the pending text; a full buffer (the destination blocked) drops it.
 pub fn write(line: &Line<'_>) {
-    let Some(sender) = writer() else {
+    let Some(log) = log() else {
         return;
     };
-    // Sized for a whole line, so writing it never grows the buffer.
-    let mut text = Vec::with_capacity(LINE_BYTES);
-    if serde_json::to_writer(&mut text, line).is_err() {
-        return;
-    }
-    text.push(b'\n');
-    if let Err(TrySendError::Full(_)) = sender.try_send(text) {
-        tracing::debug!("access log queue full: a line was dropped");
+    SCRATCH.with_borrow_mut(|text| {
+        text.clear();
+        if serde_json::to_writer(&mut *text, line).is_err() {
+            return;
+        }
+        text.push(b'\n');
+        log.append(text);
+    });
+}
+
+/// Writes out every line appended so far (shutdown); the writer thread goes on.
+pub fn flush() {
+    if let Some(log) = log() {
+        log.write_out();
     }
 }
 
-fn writer() -> Option<&'static SyncSender<Vec<u8>>> {
-    static WRITER: OnceLock<Option<SyncSender<Vec<u8>>>> = OnceLock::new();
-    WRITER
-        .get_or_init(|| {
-            let out = destination()?;
-            let (sender, inbox) = sync_channel(QUEUE);
-            std::thread::Builder::new()
-                .name("onedoor-access-log".into())
-                .spawn(move || drain(inbox, out))
-                .ok()
-                .map(|_| sender)
-        })
-        .as_ref()
+thread_local! {
+    /// Each thread serialises into its own reused buffer: no allocation per line.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(LINE_BYTES));
+}
+
+/// Lines wait in one shared buffer, appended under a lock held for a copy; a writer thread
+/// takes the whole buffer every [`FLUSH_EVERY`] (or once it passes [`WAKE_AT`]), so a request
+/// never wakes a thread nor makes a system call for its line.
+struct Log {
+    pending: Mutex<Vec<u8>>,
+    out: Mutex<Box<dyn Write + Send>>,
+    writer: OnceLock<std::thread::Thread>,
+}
+
+impl Log {
+    fn append(&self, line: &[u8]) {
+        let size = {
+            let mut pending = lock(&self.pending);
+            if pending.len() + line.len() > MAX_PENDING {
+                drop(pending);
+                tracing::debug!("access log buffer full: a line was dropped");
+                return;
+            }
+            pending.extend_from_slice(line);
+            pending.len()
+        };
+        if size >= WAKE_AT && size - line.len() < WAKE_AT {
+            if let Some(writer) = self.writer.get() {
+                writer.unpark();
+            }
+        }
+    }
+
+    /// Takes what is pending and writes it to the destination.
+    fn write_out(&self) {
+        let mut out = lock(&self.out);
+        let text = std::mem::take(&mut *lock(&self.pending));
+        if text.is_empty() {
+            return;
+        }
+        let _ = out.write_all(&text);
+        let _ = out.flush();
+        // Hand the allocation back, so the next lines do not grow a fresh buffer.
+        let mut pending = lock(&self.pending);
+        if pending.is_empty() && text.capacity() <= 2 * WAKE_AT {
+            let mut text = text;
+            text.clear();
+            *pending = text;
+        }
+    }
+}
+
+fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn log() -> Option<&'static Log> {
+    static LOG: OnceLock<Option<&'static Log>> = OnceLock::new();
+    *LOG.get_or_init(|| {
+        let log: &'static Log = Box::leak(Box::new(Log {
+            pending: Mutex::new(Vec::with_capacity(WAKE_AT)),
+            out: Mutex::new(destination()?),
+            writer: OnceLock::new(),
+        }));
+        let writer = std::thread::Builder::new()
+            .name("onedoor-access-log".into())
+            .spawn(move || loop {
+                std::thread::park_timeout(FLUSH_EVERY);
+                log.write_out();
+            })
+            .ok()?;
+        let _ = log.writer.set(writer.thread().clone());
+        Some(log)
+    })
 }
 
 fn destination() -> Option<Box<dyn Write + Send>> {
@@ -145,17 +218,5 @@ fn destination() -> Option<Box<dyn Write + Send>> {
                 Some(Box::new(std::io::stderr()))
             }
         },
-    }
-}
-
-/// Writes lines as they come, flushing whenever the queue is empty.
-fn drain(inbox: Receiver<Vec<u8>>, out: Box<dyn Write + Send>) {
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
-    while let Ok(line) = inbox.recv() {
-        let _ = out.write_all(&line);
-        while let Ok(line) = inbox.try_recv() {
-            let _ = out.write_all(&line);
-        }
-        let _ = out.flush();
     }
 }

@@ -119,6 +119,7 @@ impl Running {
         if let Some(telemetry) = self.live.current().telemetry.clone() {
             telemetry.close().await;
         }
+        crate::access_log::flush();
     }
 }
 

@@ -291,17 +291,20 @@ async fn gather(inbox: &mut mpsc::Receiver<Message>, first: Option<Message>) -> 
     };
     let linger_until = Instant::now() + LINGER;
     let mut next = first;
+    let mut lingered = false;
     while let Some(message) = next.take() {
         gathered.take(message);
         if gathered.batch.len() < BATCH && gathered.answers.is_empty() && !gathered.closing {
             next = match inbox.try_recv() {
                 Ok(message) => Some(message),
-                // Under light load, wait a little for company: a transaction per record costs
-                // more than the record.
-                Err(_) => tokio::time::timeout_at(linger_until, inbox.recv())
-                    .await
-                    .ok()
-                    .flatten(),
+                // Wait a little for company, once: a transaction per record costs more than the
+                // record. Asleep rather than in `recv`, so records sent meanwhile wake nobody.
+                Err(_) if !lingered => {
+                    lingered = true;
+                    tokio::time::sleep_until(linger_until).await;
+                    inbox.try_recv().ok()
+                }
+                Err(_) => None,
             };
         }
     }
