@@ -21,7 +21,7 @@ use crate::runtime::Runtime;
 use crate::stream::{Continuer, Identity, Relay, StreamRules};
 use crate::surface::Dialect;
 use crate::telemetry::{Continued, StreamTrace};
-use crate::upstream::{self, Failure};
+use crate::upstream::{self, Failure, LaneClients};
 use crate::usage::{Usage, UsageSource};
 
 /// A successful attempt's answer, ready to be sent: in the OpenAI shape, whatever the upstream
@@ -63,7 +63,11 @@ impl Dispatch {
             .backends
             .get(candidate.backend)
             .ok_or_else(unknown)?;
-        let client = runtime.clients.get(candidate.backend).ok_or_else(unknown)?;
+        let client = runtime
+            .clients
+            .get(candidate.backend)
+            .map(LaneClients::here)
+            .ok_or_else(unknown)?;
         let credential = runtime
             .credentials
             .get(candidate.backend)

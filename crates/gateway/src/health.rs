@@ -49,7 +49,13 @@ impl Probes {
                 continue;
             };
             let credential = runtime.credentials.get(id).cloned().flatten();
-            let probe = Probe::new(backend, check, credential, client.clone(), flags.clone());
+            let probe = Probe::new(
+                backend,
+                check,
+                credential,
+                client.here().clone(),
+                flags.clone(),
+            );
             tasks.spawn(probe.run(shutdown.clone()));
         }
         Probes { tasks }

@@ -17,6 +17,7 @@ mod failover;
 mod fleet;
 mod headroom;
 mod health;
+mod lanes;
 mod messages;
 mod metrics;
 mod outcome;
@@ -190,12 +191,14 @@ fn launch(
         client,
         move |request| pipeline::handle(for_clients.current(), request),
         watcher.clone(),
+        Some(Arc::new(lanes::Lanes::start())),
     ));
     let for_admins = live.clone();
     let admins = tokio::spawn(server::serve(
         admin,
         move |request| admin::handle(for_admins.clone(), request),
         watcher.clone(),
+        None,
     ));
     let activity = live.current().metrics.activity.clone();
     let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));

@@ -281,6 +281,7 @@ mod tests {
             listener,
             |_request| async { http::Response::new(body::full("pong")) },
             shutdown,
+            Some(std::sync::Arc::new(crate::lanes::Lanes::start())),
         ));
         (TcpStream::connect(address).await.unwrap(), stop)
     }

@@ -15,11 +15,11 @@ use crate::headroom::Load;
 use crate::metrics::Metrics;
 use crate::provider;
 use crate::realtime::Sessions;
-use crate::upstream::{client_fits, client_for, UpstreamClient};
+use crate::upstream::{client_fits, LaneClients};
 
 pub struct Runtime {
     pub snapshot: Arc<Snapshot>,
-    pub clients: Vec<UpstreamClient>,
+    pub clients: Vec<LaneClients>,
     pub credentials: Vec<Option<(&'static str, HeaderValue)>>,
     /// One counter per alias (same index as `snapshot.aliases`), the last one for `"*"`.
     turns: Vec<AtomicU64>,
@@ -46,7 +46,7 @@ pub struct Runtime {
 
 impl Runtime {
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<Store>) -> Self {
-        let clients = snapshot.backends.iter().map(client_for).collect();
+        let clients = snapshot.backends.iter().map(LaneClients::new).collect();
         let credentials = snapshot.backends.iter().map(provider::credential).collect();
         let turns = (0..=snapshot.aliases.len())
             .map(|_| AtomicU64::new(0))

@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,10 +14,10 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use tokio::task::JoinSet;
+use tokio::sync::{watch, Notify};
 
 use crate::body::Body;
+use crate::lanes::{Lanes, Serve};
 use crate::park::{Answer, Parking, ParkingIo};
 
 /// Request heads (request line and headers) larger than this get 431.
@@ -38,19 +39,22 @@ fn builder() -> Builder<TokioExecutor> {
 }
 
 /// Serves `listener` with `handler` until `shutdown` flips, then lets open connections finish.
-pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: watch::Receiver<bool>)
-where
+/// With `lanes`, each connection is served on a lane (see [`crate::lanes`]); without, here.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+    lanes: Option<Arc<Lanes>>,
+) where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let handler = Arc::new(handler);
-    let builder = Arc::new(builder());
-    let mut connections = JoinSet::new();
+    let open = Open::new();
+    let serve = serve_with(Arc::new(handler), &open, &shutdown);
     loop {
         tokio::select! {
             biased;
             _ = shutdown.changed() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
@@ -61,16 +65,100 @@ where
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                connections.spawn(connection(stream, builder.clone(), handler.clone(), shutdown.clone()));
+                let stream = match &lanes {
+                    Some(lanes) => match lanes.hand_over(stream, &serve) {
+                        Ok(()) => continue,
+                        Err(stream) => stream,
+                    },
+                    None => stream,
+                };
+                tokio::spawn(serve(stream));
             }
         }
     }
     drop(listener);
-    let drained = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_GRACE, open.drained())
+        .await
+        .is_err()
+    {
         tracing::warn!("shutdown: connections still open after {SHUTDOWN_GRACE:?}, closing them");
     }
-    connections.shutdown().await;
+    open.abort();
+}
+
+/// How a socket of this listener is served, wherever it runs: as a counted connection that
+/// ends early when [`Open::abort`] is called.
+fn serve_with<H, F>(handler: Arc<H>, open: &Arc<Open>, shutdown: &watch::Receiver<bool>) -> Serve
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let builder = Arc::new(builder());
+    let open = open.clone();
+    let shutdown = shutdown.clone();
+    Arc::new(move |stream| {
+        let counted = open.enter();
+        let mut aborted = open.aborted.subscribe();
+        let served = connection(stream, builder.clone(), handler.clone(), shutdown.clone());
+        Box::pin(async move {
+            tokio::select! {
+                () = served => {}
+                _ = aborted.wait_for(|abort| *abort) => {}
+            }
+            drop(counted);
+        })
+    })
+}
+
+/// The connections of one listener still open, wherever they are served.
+struct Open {
+    count: AtomicUsize,
+    closed: Notify,
+    aborted: watch::Sender<bool>,
+}
+
+/// One open connection; see [`Open::enter`].
+struct Counted(Arc<Open>);
+
+impl Open {
+    fn new() -> Arc<Open> {
+        Arc::new(Open {
+            count: AtomicUsize::new(0),
+            closed: Notify::new(),
+            aborted: watch::Sender::new(false),
+        })
+    }
+
+    fn enter(self: &Arc<Self>) -> Counted {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        Counted(self.clone())
+    }
+
+    /// Resolves once no connection is open.
+    async fn drained(&self) {
+        loop {
+            let closed = self.closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            closed.await;
+        }
+    }
+
+    /// Ends every connection still open, at once.
+    fn abort(&self) {
+        self.aborted.send_replace(true);
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.closed.notify_waiters();
+        }
+    }
 }
 
 /// The h2 client preface; a connection whose first bytes may begin it is served as it comes
@@ -100,7 +188,16 @@ async fn connection<H, F>(
     };
     let parking = Parking::new(!H2_PREFACE.starts_with(&head[..seen]));
     loop {
-        serve_until_parked(stream, &builder, &handler, &parking, &mut shutdown).await;
+        // Boxed: the hyper connection lives in this future only while it serves; a parked
+        // connection's task then holds a few hundred bytes, not the served state's kilobytes.
+        Box::pin(serve_until_parked(
+            stream,
+            &builder,
+            &handler,
+            &parking,
+            &mut shutdown,
+        ))
+        .await;
         let Some(parked) = parking.take_parked() else {
             return;
         };

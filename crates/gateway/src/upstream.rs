@@ -22,7 +22,34 @@ pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 /// error body anyone needs.
 const MAX_ERROR_BODY: usize = 1 << 20;
 
-pub fn client_for(backend: &Backend) -> UpstreamClient {
+/// One upstream client (and pool) per lane, and one for work off the lanes (health probes): a
+/// request borrows pooled connections that its own lane drives.
+#[derive(Clone)]
+pub struct LaneClients {
+    off: UpstreamClient,
+    lanes: Vec<UpstreamClient>,
+}
+
+impl LaneClients {
+    pub fn new(backend: &Backend) -> LaneClients {
+        LaneClients {
+            off: client_for(backend),
+            lanes: (0..crate::lanes::count())
+                .map(|_| client_for(backend))
+                .collect(),
+        }
+    }
+
+    /// The client of the lane this thread runs.
+    pub fn here(&self) -> &UpstreamClient {
+        crate::lanes::current()
+            .checked_sub(1)
+            .and_then(|lane| self.lanes.get(lane))
+            .unwrap_or(&self.off)
+    }
+}
+
+fn client_for(backend: &Backend) -> UpstreamClient {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);

@@ -1,0 +1,133 @@
+//! Lanes: one thread per CPU, each running a single-threaded tokio runtime that serves the client
+//! connections handed to it, start to end. A request never moves between threads: its socket,
+//! its tasks, its timers and the pooled upstream connection it borrows (each lane has its own
+//! pool, see [`current`]) all belong to one lane, so a request costs no cross-thread wake-ups,
+//! as in nginx's worker processes. The accept loop hands each new connection to the lane with
+//! the fewest open ones.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// A connection's future, built on its lane from the socket registered there.
+pub type Serve = Arc<dyn Fn(TcpStream) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+struct Job {
+    stream: std::net::TcpStream,
+    serve: Serve,
+}
+
+struct Lane {
+    jobs: mpsc::UnboundedSender<Job>,
+    open: Arc<AtomicUsize>,
+}
+
+/// The lanes of one gateway; dropping the last handle ends their threads (and whatever still
+/// runs on them).
+pub struct Lanes {
+    lanes: Vec<Lane>,
+}
+
+thread_local! {
+    /// 1 + the index of the lane this thread runs; 0 off the lanes.
+    static CURRENT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// How many lanes a gateway runs: one per CPU.
+pub fn count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Which per-lane resource this thread uses: 1 + its lane's index, 0 off the lanes (so a
+/// resource kept per lane has `count() + 1` slots).
+pub fn current() -> usize {
+    CURRENT.with(Cell::get)
+}
+
+impl Lanes {
+    /// Starts [`count`] lanes; fewer when a thread cannot be started (none: the caller serves
+    /// connections on its own runtime).
+    pub fn start() -> Lanes {
+        let lanes = (0..count()).filter_map(start_lane).collect();
+        Lanes { lanes }
+    }
+
+    /// Hands `stream` to the least busy lane, to be served by `serve`; gives it back when there
+    /// is no lane to take it.
+    pub fn hand_over(&self, stream: TcpStream, serve: &Serve) -> Result<(), TcpStream> {
+        let Some(lane) = self
+            .lanes
+            .iter()
+            .min_by_key(|lane| lane.open.load(Ordering::Relaxed))
+        else {
+            return Err(stream);
+        };
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(%error, "an accepted socket could not be handed to a lane");
+                return Ok(());
+            }
+        };
+        let job = Job {
+            stream,
+            serve: serve.clone(),
+        };
+        let Err(rejected) = lane.jobs.send(job) else {
+            return Ok(());
+        };
+        // The lane's thread is gone: the caller serves the socket after all.
+        TcpStream::from_std(rejected.0.stream).map_or(Ok(()), Err)
+    }
+}
+
+fn start_lane(index: usize) -> Option<Lane> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| tracing::error!(%error, "a lane's runtime cannot start"))
+        .ok()?;
+    let (jobs, mut inbox) = mpsc::unbounded_channel::<Job>();
+    let open = Arc::new(AtomicUsize::new(0));
+    let counted = open.clone();
+    std::thread::Builder::new()
+        .name(format!("onedoor-lane-{index}"))
+        .spawn(move || {
+            CURRENT.with(|current| current.set(index + 1));
+            runtime.block_on(async move {
+                while let Some(job) = inbox.recv().await {
+                    run(job, &counted);
+                }
+            });
+        })
+        .map_err(|error| tracing::error!(%error, "a lane's thread cannot start"))
+        .ok()?;
+    Some(Lane { jobs, open })
+}
+
+/// Registers the job's socket with this lane's runtime and spawns its connection there.
+fn run(job: Job, open: &Arc<AtomicUsize>) {
+    if job.stream.set_nonblocking(true).is_err() {
+        return;
+    }
+    let stream = match TcpStream::from_std(job.stream) {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::debug!(%error, "a handed-over socket could not be registered");
+            return;
+        }
+    };
+    let connection = (job.serve)(stream);
+    let open = open.clone();
+    open.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(async move {
+        connection.await;
+        open.fetch_sub(1, Ordering::Relaxed);
+    });
+}
