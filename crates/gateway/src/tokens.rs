@@ -154,11 +154,12 @@ impl Estimator {
 
     /// Tokens of plain text.
     pub fn text(&self, text: &str) -> u64 {
-        let counted = match self.encoding {
-            Encoding::O200k => bpe_openai::o200k_base().count(text) as u64,
-            Encoding::Cl100k => bpe_openai::cl100k_base().count(text) as u64,
+        let tokenizer = match self.encoding {
+            Encoding::O200k => bpe_openai::o200k_base,
+            Encoding::Cl100k => bpe_openai::cl100k_base,
             Encoding::Approximate => return (text.chars().count() as u64 * 2).div_ceil(7),
         };
+        let counted = recent::count(self.encoding, text, |text| tokenizer().count(text) as u64);
         loaded_flag(self.encoding).store(true, Ordering::Relaxed);
         counted
     }
@@ -329,6 +330,43 @@ impl Estimator {
 }
 
 /// Set once an encoding's vocabulary has counted something (is loaded).
+/// Texts this thread counted recently: system prompts, tool schemas and few-shot examples repeat
+/// from request to request, and hashing a text costs about a hundredth of counting it. Only a
+/// 64-bit hash of each text is kept, never the text; a collision costs an estimate, which the
+/// measured usage replaces anyway.
+mod recent {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+
+    use super::Encoding;
+
+    /// Past this many texts the memory starts over.
+    const TEXTS: usize = 4096;
+
+    thread_local! {
+        static COUNTS: RefCell<HashMap<u64, u64>> = RefCell::new(HashMap::new());
+    }
+
+    pub fn count(encoding: Encoding, text: &str, count: impl FnOnce(&str) -> u64) -> u64 {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (encoding as u8).hash(&mut hasher);
+        text.hash(&mut hasher);
+        let key = hasher.finish();
+        if let Some(known) = COUNTS.with_borrow(|counts| counts.get(&key).copied()) {
+            return known;
+        }
+        let counted = count(text);
+        COUNTS.with_borrow_mut(|counts| {
+            if counts.len() >= TEXTS {
+                counts.clear();
+            }
+            counts.insert(key, counted);
+        });
+        counted
+    }
+}
+
 fn loaded_flag(encoding: Encoding) -> &'static AtomicBool {
     static O200K: AtomicBool = AtomicBool::new(false);
     static CL100K: AtomicBool = AtomicBool::new(false);
@@ -479,6 +517,27 @@ mod tests {
             Encoding::Approximate
         );
         assert_eq!(Estimator::for_model("prod-chat").encoding, Encoding::O200k);
+    }
+
+    #[test]
+    fn a_text_counted_again_gets_the_tokenizer_count_of_its_own_encoding() {
+        let o200k = Estimator::for_model("gpt-4o");
+        let cl100k = Estimator::for_model("gpt-35-turbo");
+        // Tokenized differently by the two encodings (o200k joins more of it).
+        let text = "The quick brown fox jumps over the lazy dog, again and again.";
+        let once = o200k.text(text);
+        assert_eq!(once, bpe_openai::o200k_base().count(text) as u64);
+        assert_eq!(o200k.text(text), once);
+        assert_eq!(
+            cl100k.text(text),
+            bpe_openai::cl100k_base().count(text) as u64
+        );
+        assert_eq!(cl100k.text(text), cl100k.text(text));
+        let other = "The quick brown fox jumps over the lazy dog, again and again!";
+        assert_eq!(
+            o200k.text(other),
+            bpe_openai::o200k_base().count(other) as u64
+        );
     }
 
     #[test]

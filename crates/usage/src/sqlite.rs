@@ -86,7 +86,7 @@ impl SqliteStore {
         let tx = self.connection.transaction()?;
         let mut added = 0;
         {
-            let mut statement = tx.prepare(&schema::insert(1, |n| format!("?{n}")))?;
+            let mut statement = tx.prepare_cached(&schema::insert(1, |n| format!("?{n}")))?;
             for record in records {
                 let r = Row::of(record);
                 added += statement.execute(params![
