@@ -79,9 +79,12 @@ impl Lanes {
             stream,
             serve: serve.clone(),
         };
+        // Counted now, not when the lane gets to it: a burst of accepts spreads over the lanes.
+        lane.open.fetch_add(1, Ordering::Relaxed);
         let Err(rejected) = lane.jobs.send(job) else {
             return Ok(());
         };
+        lane.open.fetch_sub(1, Ordering::Relaxed);
         // The lane's thread is gone: the caller serves the socket after all.
         TcpStream::from_std(rejected.0.stream).map_or(Ok(()), Err)
     }
@@ -111,23 +114,79 @@ fn start_lane(index: usize) -> Option<Lane> {
     Some(Lane { jobs, open })
 }
 
-/// Registers the job's socket with this lane's runtime and spawns its connection there.
+/// Registers the job's socket with this lane's runtime and spawns its connection there; the
+/// lane's count of open connections goes down when it ends.
 fn run(job: Job, open: &Arc<AtomicUsize>) {
-    if job.stream.set_nonblocking(true).is_err() {
-        return;
-    }
     let stream = match TcpStream::from_std(job.stream) {
         Ok(stream) => stream,
         Err(error) => {
             tracing::debug!(%error, "a handed-over socket could not be registered");
+            open.fetch_sub(1, Ordering::Relaxed);
             return;
         }
     };
     let connection = (job.serve)(stream);
     let open = open.clone();
-    open.fetch_add(1, Ordering::Relaxed);
     tokio::spawn(async move {
         connection.await;
         open.fetch_sub(1, Ordering::Relaxed);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn connections_spread_over_every_lane_and_run_on_it() {
+        let lanes = Lanes::start();
+        assert_eq!(lanes.lanes.len(), count());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (done, mut finished) = mpsc::unbounded_channel();
+        let serve: Serve = {
+            let seen = seen.clone();
+            Arc::new(move |mut stream: TcpStream| {
+                let seen = seen.clone();
+                let done = done.clone();
+                Box::pin(async move {
+                    seen.lock().unwrap().push(current());
+                    stream.write_all(b"served").await.unwrap();
+                    done.send(()).unwrap();
+                    // Open until the client closes.
+                    let mut rest = Vec::new();
+                    let _ = stream.read_to_end(&mut rest).await;
+                })
+            })
+        };
+        // Held open, so each lane's count stays up while the next ones are handed over.
+        let mut clients = Vec::new();
+        for _ in 0..2 * count() {
+            clients.push(std::net::TcpStream::connect(address).unwrap());
+            let (accepted, _) = listener.accept().await.unwrap();
+            lanes.hand_over(accepted, &serve).unwrap();
+            finished.recv().await.unwrap();
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.iter().all(|&lane| lane >= 1 && lane <= count()),
+            "{seen:?}"
+        );
+        let distinct: BTreeSet<_> = seen.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            count(),
+            "every lane takes connections: {seen:?}"
+        );
+        assert_eq!(current(), 0, "the test's own thread is no lane");
+    }
 }
