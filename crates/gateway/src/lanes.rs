@@ -33,6 +33,16 @@ pub struct Lanes {
     lanes: Vec<Lane>,
 }
 
+/// What each lane runs once every [`HOUSEKEEPING_EVERY`] (the binary returns freed memory to the
+/// system with it); set once, before the first lane starts.
+static HOUSEKEEPING: OnceLock<fn()> = OnceLock::new();
+const HOUSEKEEPING_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Sets what every lane runs once a second, on its own thread; only the first call counts.
+pub fn set_housekeeping(hook: fn()) {
+    let _ = HOUSEKEEPING.set(hook);
+}
+
 thread_local! {
     /// 1 + the index of the lane this thread runs; 0 off the lanes.
     static CURRENT: Cell<usize> = const { Cell::new(0) };
@@ -104,6 +114,9 @@ fn start_lane(index: usize) -> Option<Lane> {
         .spawn(move || {
             CURRENT.with(|current| current.set(index + 1));
             runtime.block_on(async move {
+                if let Some(&hook) = HOUSEKEEPING.get() {
+                    tokio::spawn(housekeeping(hook));
+                }
                 while let Some(job) = inbox.recv().await {
                     run(job, &counted);
                 }
@@ -112,6 +125,15 @@ fn start_lane(index: usize) -> Option<Lane> {
         .map_err(|error| tracing::error!(%error, "a lane's thread cannot start"))
         .ok()?;
     Some(Lane { jobs, open })
+}
+
+async fn housekeeping(hook: fn()) {
+    let mut every = tokio::time::interval(HOUSEKEEPING_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        hook();
+    }
 }
 
 /// Registers the job's socket with this lane's runtime and spawns its connection there; the

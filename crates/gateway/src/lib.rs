@@ -55,6 +55,7 @@ use tokio::task::JoinHandle;
 use crate::reload::Live;
 use crate::runtime::Runtime;
 
+pub use crate::lanes::set_housekeeping as set_lane_housekeeping;
 pub use crate::reload::{ReloadError, Summary};
 pub use crate::server::SHUTDOWN_GRACE;
 
