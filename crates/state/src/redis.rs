@@ -125,6 +125,14 @@ impl Keys {
             [&base, ":p"].concat(),
         ]
     }
+
+    /// The keys of each of `meters` in turn, three a meter, as every meter script takes them.
+    fn meters<'a>(
+        &'a self,
+        meters: impl IntoIterator<Item = &'a MeterKey> + 'a,
+    ) -> impl Iterator<Item = String> + 'a {
+        meters.into_iter().flat_map(|meter| self.meter(meter))
+    }
 }
 
 /// A (backend, deployment) as one hash field; the length prefix keeps any pair of names apart.
@@ -431,10 +439,8 @@ impl RedisState {
     /// The admission script's call for `ask`, as [`State::admit`] sends it.
     fn admit_cmd(&self, ask: &Ask, member: u64) -> Cmd {
         let mut cmd = evalsha(&SCRIPTS.admit, 3 * ask.meters.len());
-        for (meter, _) in &ask.meters {
-            for key in self.keys.meter(meter) {
-                cmd.arg(key);
-            }
+        for key in self.keys.meters(ask.meters.iter().map(|(meter, _)| meter)) {
+            cmd.arg(key);
         }
         cmd.arg(ask.meters.len())
             .arg(ask.charge.tokens)
@@ -626,10 +632,8 @@ impl State for RedisState {
         let _ = self
             .call(|mut c| async move {
                 let mut invocation = SCRIPTS.settle.prepare_invoke();
-                for meter in &reservation.meters {
-                    for key in self.keys.meter(meter) {
-                        invocation.key(key);
-                    }
+                for key in self.keys.meters(&reservation.meters) {
+                    invocation.key(key);
                 }
                 invocation
                     .arg(reservation.second)
@@ -653,10 +657,8 @@ impl State for RedisState {
         let values: Option<Vec<i64>> = self
             .call(|mut c| async move {
                 let mut invocation = SCRIPTS.charge.prepare_invoke();
-                for meter in meters {
-                    for key in self.keys.meter(meter) {
-                        invocation.key(key);
-                    }
+                for key in self.keys.meters(meters) {
+                    invocation.key(key);
                 }
                 invocation.arg(tokens).arg(micro_usd);
                 invocation.invoke_async(&mut c).await
@@ -672,10 +674,8 @@ impl State for RedisState {
         let values: Option<Vec<i64>> = self
             .call(|mut c| async move {
                 let mut invocation = SCRIPTS.usage.prepare_invoke();
-                for meter in meters {
-                    for key in self.keys.meter(meter) {
-                        invocation.key(key);
-                    }
+                for key in self.keys.meters(meters) {
+                    invocation.key(key);
                 }
                 invocation.invoke_async(&mut c).await
             })
