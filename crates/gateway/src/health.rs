@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use onedoor_config::{Backend, HealthCheck, Provider};
 use onedoor_state::now_ms;
 use tokio::sync::watch;
@@ -17,7 +17,10 @@ use tokio::time::MissedTickBehavior;
 
 use crate::fleet::{Check, Flags};
 use crate::runtime::Runtime;
-use crate::upstream::UpstreamClient;
+use crate::upstream::{Failure, Pool};
+
+/// A probe answer longer than this is not read to its end.
+const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
 /// The probing tasks of one runtime. Dropping it stops them.
 pub struct Probes {
@@ -29,7 +32,7 @@ struct Probe {
     name: String,
     uri: String,
     headers: Vec<(&'static str, HeaderValue)>,
-    client: UpstreamClient,
+    client: Pool,
     interval: Duration,
     /// A probe that takes longer than this failed.
     timeout: Duration,
@@ -72,7 +75,7 @@ impl Probe {
         backend: &Backend,
         check: &HealthCheck,
         credential: Option<(&'static str, HeaderValue)>,
-        client: UpstreamClient,
+        client: Pool,
         flags: Arc<Flags>,
     ) -> Self {
         let mut headers: Vec<(&'static str, HeaderValue)> = credential.into_iter().collect();
@@ -138,16 +141,15 @@ impl Probe {
         let response = tokio::time::timeout(self.timeout, self.client.request(request))
             .await
             .map_err(|_| "timeout".to_owned())?
-            .map_err(|error| {
-                if error.is_connect() {
-                    "connect_error".to_owned()
-                } else {
-                    "reset".to_owned()
-                }
+            .map_err(|failure| match failure {
+                Failure::ConnectError(_) | Failure::ConnectTimeout => "connect_error".to_owned(),
+                _ => "reset".to_owned(),
             })?;
         let status = response.status();
-        // The body is not needed; dropping it lets the connection go back to the pool or close.
-        drop(response);
+        // The body is not needed, but reading a short one to its end keeps the connection for
+        // the next probe; a long or slow one is dropped, which closes the connection.
+        let body = http_body_util::Limited::new(response.into_body(), PROBE_BODY_LIMIT);
+        let _ = tokio::time::timeout(self.timeout, body.collect()).await;
         if status.is_success() {
             Ok(status.as_u16().to_string())
         } else {

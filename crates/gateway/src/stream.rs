@@ -14,7 +14,6 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Incoming;
 use serde::Deserialize;
 use tokio::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use crate::body::{Body, BoxError};
 use crate::headroom::InFlight;
 use crate::provider::EventTranslator;
 use crate::telemetry::StreamTrace;
-use crate::upstream::Failure;
+use crate::upstream::{Failure, UpstreamBody};
 use crate::usage::{Usage, UsageSink, UsageSource};
 
 /// Splits a byte stream into SSE events (each ending in a blank line).
@@ -232,7 +231,7 @@ pub struct StreamRules {
 
 /// A stream whose first content event has arrived: it may be committed to the caller.
 pub struct Relay {
-    body: Incoming,
+    body: UpstreamBody,
     framer: Framer,
     ready: VecDeque<Bytes>,
     rules: StreamRules,
@@ -407,7 +406,7 @@ impl Relay {
 
     /// Reads until the first content event; failures before it are the attempt's failures.
     pub async fn open(
-        body: Incoming,
+        body: UpstreamBody,
         rules: StreamRules,
         first_token_by: Instant,
         translator: Box<dyn EventTranslator>,
@@ -417,7 +416,7 @@ impl Relay {
 
     /// Opens a continuation of the caller's stream `identity` (rule 5).
     pub async fn open_continuing(
-        body: Incoming,
+        body: UpstreamBody,
         rules: StreamRules,
         first_token_by: Instant,
         identity: Identity,
@@ -427,7 +426,7 @@ impl Relay {
     }
 
     async fn open_with(
-        body: Incoming,
+        body: UpstreamBody,
         rules: StreamRules,
         first_token_by: Instant,
         rewrite: Option<Identity>,

@@ -1,47 +1,41 @@
-//! The upstream client: one pooled keep-alive client per backend (HTTP/1.1 and h2, rustls for
-//! https), and one attempt's transport outcome with its timeouts.
+//! The upstream client: pooled keep-alive connections per backend and lane (HTTP/1.1 and h2,
+//! rustls for https), and one attempt's transport outcome with its timeouts.
 
-use std::error::Error as _;
-use std::time::Duration;
+mod pool;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use onedoor_config::Backend;
 use tokio::time::Instant;
 
 use crate::provider::WireRequest;
 
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub use pool::{Pool, UpstreamBody};
 
 /// Error bodies are read to classify them (not-served, context length); more than this is not an
 /// error body anyone needs.
 const MAX_ERROR_BODY: usize = 1 << 20;
 
-/// One upstream client (and pool) per lane, and one for work off the lanes (health probes): a
-/// request borrows pooled connections that its own lane drives.
+/// One pool per lane, and one for work off the lanes (health probes): a request borrows pooled
+/// connections that its own lane drives.
 #[derive(Clone)]
 pub struct LaneClients {
-    off: UpstreamClient,
-    lanes: Vec<UpstreamClient>,
+    off: Pool,
+    lanes: Vec<Pool>,
 }
 
 impl LaneClients {
     pub fn new(backend: &Backend) -> LaneClients {
+        let pool = || Pool::new(backend.timeouts.connect);
         LaneClients {
-            off: client_for(backend),
-            lanes: (0..crate::lanes::count())
-                .map(|_| client_for(backend))
-                .collect(),
+            off: pool(),
+            lanes: (0..crate::lanes::count()).map(|_| pool()).collect(),
         }
     }
 
-    /// The client of the lane this thread runs.
-    pub fn here(&self) -> &UpstreamClient {
+    /// The pool of the lane this thread runs.
+    pub fn here(&self) -> &Pool {
         crate::lanes::current()
             .checked_sub(1)
             .and_then(|lane| self.lanes.get(lane))
@@ -49,25 +43,8 @@ impl LaneClients {
     }
 }
 
-fn client_for(backend: &Backend) -> UpstreamClient {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(backend.timeouts.connect));
-    let https = HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .pool_max_idle_per_host(1024)
-        .build(https)
-}
-
-/// Whether a client built by [`client_for`] for `before` serves `after` as well (all it reads),
-/// so a reload can keep its pool.
+/// Whether pools built for `before` serve `after` as well (all they read), so a reload can keep
+/// them.
 pub fn client_fits(before: &Backend, after: &Backend) -> bool {
     before.timeouts.connect == after.timeouts.connect
 }
@@ -117,11 +94,11 @@ impl Failure {
 /// Sends one request and waits for its response headers, at most until `first_token_by`.
 /// A non-success answer is read whole so it can be classified.
 pub async fn send(
-    client: &UpstreamClient,
+    pool: &Pool,
     wire: WireRequest,
     first_token_by: Instant,
     deadline: Instant,
-) -> Result<Response<Incoming>, Failure> {
+) -> Result<Response<UpstreamBody>, Failure> {
     let mut request = Request::post(wire.uri);
     if let Some(headers) = request.headers_mut() {
         *headers = wire.headers;
@@ -131,13 +108,13 @@ pub async fn send(
         .map_err(|e| Failure::ConnectError(e.to_string()))?;
     let response = match tokio::time::timeout_at(
         first_token_by.min(deadline),
-        client.request(request),
+        pool.request(request),
     )
     .await
     {
         Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
         Err(_) => return Err(Failure::Timeout),
-        Ok(Err(error)) => return Err(transport_failure(&error)),
+        Ok(Err(failure)) => return Err(failure),
         Ok(Ok(response)) => response,
     };
     if response.status().is_success() {
@@ -156,22 +133,6 @@ pub async fn send(
         headers: parts.headers,
         body,
     })
-}
-
-fn transport_failure(error: &hyper_util::client::legacy::Error) -> Failure {
-    let mut source = error.source();
-    let mut timed_out = false;
-    while let Some(cause) = source {
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
-        }
-        source = cause.source();
-    }
-    match (error.is_connect(), timed_out) {
-        (true, true) => Failure::ConnectTimeout,
-        (true, false) => Failure::ConnectError(describe(error)),
-        (false, _) => Failure::Reset(describe(error)),
-    }
 }
 
 /// The error and its causes in one line, for logs.

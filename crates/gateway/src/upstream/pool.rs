@@ -1,0 +1,395 @@
+//! Upstream connections kept for reuse, one pool per backend and lane: HTTP/1.1 connections are
+//! lent to one request at a time and come back the moment their answer's last byte is read; an h2
+//! connection (when TLS negotiates it) is shared by every request to its origin.
+//!
+//! A connection comes back when its body ends, before the caller has relayed that last byte, so the
+//! caller's next request finds it here (it may still be finishing that answer; `ready` waits the one
+//! scheduler pass that takes). A pool that took it back only once the connection had gone idle would
+//! race it and open a new connection per stream on a fast network.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{header, HeaderValue, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_util::rt::TokioExecutor;
+use tower_service::Service;
+
+use super::{describe, Failure};
+
+type Http1 = http1::SendRequest<Full<Bytes>>;
+type Http2 = http2::SendRequest<Full<Bytes>>;
+
+/// Connections idle longer than this are closed rather than reused (servers commonly close theirs
+/// after 60-120 s; reusing one they are closing costs the request).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle HTTP/1.1 connections kept per origin; more are closed when they come back.
+const MAX_IDLE: usize = 1024;
+
+/// The pooled connections to a backend's origins (usually one).
+#[derive(Clone)]
+pub struct Pool {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    connector: HttpsConnector<HttpConnector>,
+    http1: http1::Builder,
+    origins: Mutex<Vec<Origin>>,
+}
+
+/// One scheme and authority with its idle HTTP/1.1 connections (oldest first) and its h2 one.
+struct Origin {
+    scheme: Scheme,
+    authority: Authority,
+    idle: VecDeque<Parked>,
+    http2: Option<Http2>,
+}
+
+struct Parked {
+    sender: Http1,
+    since: Instant,
+}
+
+/// Where a request goes, for finding its pooled connections.
+#[derive(Clone)]
+struct Address {
+    scheme: Scheme,
+    authority: Authority,
+}
+
+enum Fresh {
+    Http1(Http1),
+    Http2(Http2),
+}
+
+impl Pool {
+    pub fn new(connect_timeout: Duration) -> Pool {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let connector = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        Pool {
+            shared: Arc::new(Shared {
+                connector,
+                http1: http1::Builder::new(),
+                origins: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Sends `request` (absolute URI) on a pooled connection, or a new one when none is idle, and
+    /// returns the response head. An idle connection that turns out closed before the request was
+    /// written is skipped; a request is never sent twice.
+    pub async fn request(
+        &self,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        let address = Address::of(request.uri()).ok_or_else(|| {
+            Failure::ConnectError(format!(
+                "the upstream URL {} has no scheme or host",
+                request.uri()
+            ))
+        })?;
+        if let Some(mut shared) = self.shared.http2_for(&address) {
+            return send_http2(&mut shared, request).await;
+        }
+        while let Some(mut idle) = self.shared.checkout(&address) {
+            if idle.ready().await.is_err() {
+                continue;
+            }
+            match self.send_http1(idle, address.clone(), request).await {
+                Ok(response) => return Ok(response),
+                Err(Unsent::Back(back)) => request = back,
+                Err(Unsent::Failed(failure)) => return Err(failure),
+            }
+        }
+        match self.connect(request.uri().clone()).await? {
+            Fresh::Http2(mut shared) => {
+                self.shared.keep_http2(&address, shared.clone());
+                send_http2(&mut shared, request).await
+            }
+            Fresh::Http1(mut sender) => {
+                sender
+                    .ready()
+                    .await
+                    .map_err(|e| Failure::Reset(describe(&e)))?;
+                match self.send_http1(sender, address, request).await {
+                    Ok(response) => Ok(response),
+                    Err(Unsent::Back(_)) => Err(Failure::Reset(
+                        "the new connection closed before the request was written".into(),
+                    )),
+                    Err(Unsent::Failed(failure)) => Err(failure),
+                }
+            }
+        }
+    }
+
+    async fn send_http1(
+        &self,
+        mut sender: Http1,
+        address: Address,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, Unsent> {
+        origin_form(&mut request, &address);
+        match sender.try_send_request(request).await {
+            Ok(response) => {
+                let lease = Lease {
+                    shared: self.shared.clone(),
+                    address,
+                    sender,
+                };
+                Ok(response.map(|body| UpstreamBody {
+                    body,
+                    lease: Some(lease),
+                }))
+            }
+            Err(mut error) => match error.take_message() {
+                Some(back) => Err(Unsent::Back(back)),
+                None => Err(Unsent::Failed(Failure::Reset(describe(error.error())))),
+            },
+        }
+    }
+
+    async fn connect(&self, uri: Uri) -> Result<Fresh, Failure> {
+        let mut connector = self.shared.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(|e| connect_failure(&*e))?;
+        let io = connector.call(uri).await.map_err(|e| connect_failure(&*e))?;
+        let handshake_failed = |e: hyper::Error| Failure::ConnectError(describe(&e));
+        if io.connected().is_negotiated_h2() {
+            let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+                .handshake(io)
+                .await
+                .map_err(handshake_failed)?;
+            tokio::spawn(drive(connection));
+            return Ok(Fresh::Http2(sender));
+        }
+        let (sender, connection) = self
+            .shared
+            .http1
+            .handshake(io)
+            .await
+            .map_err(handshake_failed)?;
+        tokio::spawn(drive(connection));
+        Ok(Fresh::Http1(sender))
+    }
+}
+
+/// Why an HTTP/1.1 send did not produce a response head.
+enum Unsent {
+    /// The connection closed before the request was written: it may go elsewhere.
+    Back(Request<Full<Bytes>>),
+    Failed(Failure),
+}
+
+async fn send_http2(
+    sender: &mut Http2,
+    request: Request<Full<Bytes>>,
+) -> Result<Response<UpstreamBody>, Failure> {
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| Failure::Reset(describe(&e)))?;
+    Ok(response.map(|body| UpstreamBody { body, lease: None }))
+}
+
+/// Runs a connection until it closes; its errors reach the request that was using it.
+async fn drive<F: std::future::Future<Output = hyper::Result<()>>>(connection: F) {
+    if let Err(error) = connection.await {
+        tracing::debug!(error = %describe(&error), "upstream connection ended");
+    }
+}
+
+/// HTTP/1.1 wants the path alone on the request line and the authority in `host`.
+fn origin_form(request: &mut Request<Full<Bytes>>, address: &Address) {
+    if request.uri().scheme().is_none() {
+        return;
+    }
+    if !request.headers().contains_key(header::HOST) {
+        if let Ok(host) = HeaderValue::from_str(host_of(address)) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+    }
+    let path = request
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *request.uri_mut() = Uri::from(path);
+}
+
+/// The authority as `host` carries it: without the scheme's default port.
+fn host_of(address: &Address) -> &str {
+    let authority = &address.authority;
+    let default_port = match address.scheme.as_str() {
+        "https" => 443,
+        _ => 80,
+    };
+    match authority.port_u16() {
+        Some(port) if port == default_port => authority.host(),
+        _ => authority.as_str(),
+    }
+}
+
+fn connect_failure(error: &(dyn std::error::Error + 'static)) -> Failure {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = cause {
+        if let Some(io) = current.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return Failure::ConnectTimeout;
+            }
+        }
+        cause = current.source();
+    }
+    Failure::ConnectError(describe(error))
+}
+
+impl Address {
+    fn of(uri: &Uri) -> Option<Address> {
+        Some(Address {
+            scheme: uri.scheme()?.clone(),
+            authority: uri.authority()?.clone(),
+        })
+    }
+}
+
+impl Shared {
+    fn origins(&self) -> std::sync::MutexGuard<'_, Vec<Origin>> {
+        self.origins.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn http2_for(&self, address: &Address) -> Option<Http2> {
+        let mut origins = self.origins();
+        let origin = find(&mut origins, address)?;
+        if origin.http2.as_ref().is_some_and(Http2::is_closed) {
+            origin.http2 = None;
+        }
+        origin.http2.clone()
+    }
+
+    fn keep_http2(&self, address: &Address, sender: Http2) {
+        let mut origins = self.origins();
+        origin_entry(&mut origins, address).http2 = Some(sender);
+    }
+
+    /// The most recently parked live connection, if any.
+    fn checkout(&self, address: &Address) -> Option<Http1> {
+        let mut origins = self.origins();
+        let origin = find(&mut origins, address)?;
+        let now = Instant::now();
+        while let Some(parked) = origin.idle.pop_back() {
+            if !parked.sender.is_closed() && now.duration_since(parked.since) < IDLE_TIMEOUT {
+                return Some(parked.sender);
+            }
+        }
+        None
+    }
+
+    fn park(&self, address: &Address, sender: Http1) {
+        let now = Instant::now();
+        let mut origins = self.origins();
+        let idle = &mut origin_entry(&mut origins, address).idle;
+        while idle
+            .front()
+            .is_some_and(|oldest| now.duration_since(oldest.since) >= IDLE_TIMEOUT)
+        {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back(Parked { sender, since: now });
+        }
+    }
+}
+
+fn find<'a>(origins: &'a mut [Origin], address: &Address) -> Option<&'a mut Origin> {
+    origins
+        .iter_mut()
+        .find(|origin| origin.authority == address.authority && origin.scheme == address.scheme)
+}
+
+fn origin_entry<'a>(origins: &'a mut Vec<Origin>, address: &Address) -> &'a mut Origin {
+    let at = match origins
+        .iter()
+        .position(|origin| origin.authority == address.authority && origin.scheme == address.scheme)
+    {
+        Some(at) => at,
+        None => {
+            origins.push(Origin {
+                scheme: address.scheme.clone(),
+                authority: address.authority.clone(),
+                idle: VecDeque::new(),
+                http2: None,
+            });
+            origins.len() - 1
+        }
+    };
+    &mut origins[at]
+}
+
+/// An HTTP/1.1 connection lent to one response; it goes back to the pool when the body ends, and
+/// is closed instead when the body is dropped before its end or fails.
+struct Lease {
+    shared: Arc<Shared>,
+    address: Address,
+    sender: Http1,
+}
+
+/// An upstream response body; reading it to its end returns its connection to the pool.
+pub struct UpstreamBody {
+    body: Incoming,
+    lease: Option<Lease>,
+}
+
+impl UpstreamBody {
+    fn give_back(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.shared.park(&lease.address, lease.sender);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => this.give_back(),
+            Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.give_back(),
+            Poll::Ready(Some(Err(_))) => this.lease = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
