@@ -106,17 +106,13 @@ pub async fn send(
     let request = request
         .body(Full::new(wire.body))
         .map_err(|e| Failure::ConnectError(e.to_string()))?;
-    let response = match tokio::time::timeout_at(
-        first_token_by.min(deadline),
-        pool.request(request),
-    )
-    .await
-    {
-        Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
-        Err(_) => return Err(Failure::Timeout),
-        Ok(Err(failure)) => return Err(failure),
-        Ok(Ok(response)) => response,
-    };
+    let response =
+        match tokio::time::timeout_at(first_token_by.min(deadline), pool.request(request)).await {
+            Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
+            Err(_) => return Err(Failure::Timeout),
+            Ok(Err(failure)) => return Err(failure),
+            Ok(Ok(response)) => response,
+        };
     if response.status().is_success() {
         return Ok(response);
     }

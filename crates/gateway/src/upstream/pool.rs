@@ -35,6 +35,11 @@ type Http2 = http2::SendRequest<Full<Bytes>>;
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle HTTP/1.1 connections kept per origin; more are closed when they come back.
 const MAX_IDLE: usize = 1024;
+/// A body dropped before its end (a relay stops at `data: [DONE]`, before the chunked body's
+/// last bytes) is read on for this long and this much to save its connection; past that the
+/// connection closes, which also tells the upstream to stop generating for a caller that left.
+const SALVAGE_TIME: Duration = Duration::from_millis(100);
+const SALVAGE_BYTES: usize = 64 * 1024;
 
 /// The pooled connections to a backend's origins (usually one).
 #[derive(Clone)]
@@ -156,7 +161,7 @@ impl Pool {
                     sender,
                 };
                 Ok(response.map(|body| UpstreamBody {
-                    body,
+                    body: Some(body),
                     lease: Some(lease),
                 }))
             }
@@ -172,7 +177,10 @@ impl Pool {
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
             .map_err(|e| connect_failure(&*e))?;
-        let io = connector.call(uri).await.map_err(|e| connect_failure(&*e))?;
+        let io = connector
+            .call(uri)
+            .await
+            .map_err(|e| connect_failure(&*e))?;
         let handshake_failed = |e: hyper::Error| Failure::ConnectError(describe(&e));
         if io.connected().is_negotiated_h2() {
             let (sender, connection) = http2::Builder::new(TokioExecutor::new())
@@ -208,7 +216,10 @@ async fn send_http2(
         .send_request(request)
         .await
         .map_err(|e| Failure::Reset(describe(&e)))?;
-    Ok(response.map(|body| UpstreamBody { body, lease: None }))
+    Ok(response.map(|body| UpstreamBody {
+        body: Some(body),
+        lease: None,
+    }))
 }
 
 /// Runs a connection until it closes; its errors reach the request that was using it.
@@ -354,7 +365,8 @@ struct Lease {
 
 /// An upstream response body; reading it to its end returns its connection to the pool.
 pub struct UpstreamBody {
-    body: Incoming,
+    /// Taken only by a salvage on drop.
+    body: Option<Incoming>,
     lease: Option<Lease>,
 }
 
@@ -363,6 +375,65 @@ impl UpstreamBody {
         if let Some(lease) = self.lease.take() {
             lease.shared.park(&lease.address, lease.sender);
         }
+    }
+
+    /// Reads what has already arrived; `Some(true)` once the body has ended (its connection is
+    /// back), `Some(false)` when it failed or ran past `budget`, `None` when more is on its way.
+    fn read_arrived(&mut self, cx: &mut Context<'_>, budget: &mut usize) -> Option<bool> {
+        loop {
+            if self.lease.is_none() {
+                return Some(true);
+            }
+            match Pin::new(&mut *self).poll_frame(cx) {
+                Poll::Pending => return None,
+                Poll::Ready(None) => return Some(true),
+                Poll::Ready(Some(Err(_))) => return Some(false),
+                Poll::Ready(Some(Ok(frame))) => {
+                    let size = frame.data_ref().map_or(0, Bytes::len);
+                    match budget.checked_sub(size) {
+                        Some(left) => *budget = left,
+                        None => return Some(false),
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("pooled", &self.lease.is_some())
+            .finish()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if self.lease.is_none() {
+            return;
+        }
+        let mut budget = SALVAGE_BYTES;
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if self.read_arrived(&mut cx, &mut budget).is_some() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut rest = UpstreamBody {
+            body: self.body.take(),
+            lease: self.lease.take(),
+        };
+        runtime.spawn(async move {
+            let salvage = std::future::poll_fn(|cx| match rest.read_arrived(cx, &mut budget) {
+                Some(_) => Poll::Ready(()),
+                None => Poll::Pending,
+            });
+            let _ = tokio::time::timeout(SALVAGE_TIME, salvage).await;
+            // Not ended in time: the connection closes here, without another salvage.
+            drop(rest.lease.take());
+        });
     }
 }
 
@@ -375,10 +446,13 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *body).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => this.give_back(),
-            Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.give_back(),
+            Poll::Ready(Some(Ok(_))) if body.is_end_stream() => this.give_back(),
             Poll::Ready(Some(Err(_))) => this.lease = None,
             _ => {}
         }
@@ -386,10 +460,151 @@ impl Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        self.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// An upstream that answers every request with `answer` bytes, closing the connection after
+    /// each answer when `close` is set; it counts the connections it accepted.
+    async fn upstream(answer: usize, close: bool) -> (Uri, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let service = service_fn(move |_request| async move {
+                    let mut response = Response::new(Full::new(Bytes::from(vec![b'x'; answer])));
+                    if close {
+                        response
+                            .headers_mut()
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, Infallible>(response)
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(socket), service),
+                );
+            }
+        });
+        (
+            format!("http://{address}/v1/chat").parse().unwrap(),
+            accepted,
+        )
+    }
+
+    fn post(uri: &Uri) -> Request<Full<Bytes>> {
+        Request::post(uri.clone())
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    }
+
+    async fn read(pool: &Pool, uri: &Uri) -> usize {
+        let response = pool.request(post(uri)).await.unwrap();
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .len()
+    }
+
+    #[tokio::test]
+    async fn an_answer_read_to_its_end_lends_its_connection_to_the_next_request() {
+        let (uri, accepted) = upstream(100, false).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..5 {
+            assert_eq!(read(&pool, &uri).await, 100);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_open_one_connection_each_and_then_reuse_them() {
+        let (uri, accepted) = upstream(10, false).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            let answers = futures_util::future::join_all((0..8).map(|_| read(&pool, &uri))).await;
+            assert_eq!(answers, vec![10; 8]);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 8);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_before_its_end_is_not_reused() {
+        let (uri, accepted) = upstream(100_000, false).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        let response = pool.request(post(&uri)).await.unwrap();
+        drop(response);
+        assert_eq!(read(&pool, &uri).await, 100_000);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_just_before_its_last_bytes_keeps_its_connection() {
+        let (uri, accepted) = upstream(100, false).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            drop(pool.request(post(&uri)).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(read(&pool, &uri).await, 100);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_upstream_closes_is_not_lent_again() {
+        let (uri, accepted) = upstream(10, true).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            assert_eq!(read(&pool, &uri).await, 10);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_upstream_is_a_connect_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(listener);
+        let pool = Pool::new(Duration::from_secs(1));
+        let failure = pool.request(post(&uri)).await.unwrap_err();
+        assert!(matches!(failure, Failure::ConnectError(_)), "{failure:?}");
+    }
+
+    #[test]
+    fn host_leaves_out_the_default_port() {
+        let address = |uri: &str| Address::of(&uri.parse().unwrap()).unwrap();
+        assert_eq!(host_of(&address("https://a.example:443/x")), "a.example");
+        assert_eq!(
+            host_of(&address("http://a.example:8080/x")),
+            "a.example:8080"
+        );
+        assert_eq!(host_of(&address("http://a.example/x")), "a.example");
     }
 }
