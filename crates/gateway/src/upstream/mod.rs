@@ -106,13 +106,15 @@ pub async fn send(
     let request = request
         .body(Full::new(wire.body))
         .map_err(|e| Failure::ConnectError(e.to_string()))?;
-    let response =
-        match tokio::time::timeout_at(first_token_by.min(deadline), pool.request(request)).await {
-            Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
-            Err(_) => return Err(Failure::Timeout),
-            Ok(Err(failure)) => return Err(failure),
-            Ok(Ok(response)) => response,
-        };
+    // Boxed, as hyper-util's client does: the pool's future is large, and inline it would grow
+    // every future that awaits an attempt, each moved (copied) as it is built.
+    let asked = Box::pin(pool.request(request));
+    let response = match tokio::time::timeout_at(first_token_by.min(deadline), asked).await {
+        Err(_) if first_token_by < deadline => return Err(Failure::FirstTokenTimeout),
+        Err(_) => return Err(Failure::Timeout),
+        Ok(Err(failure)) => return Err(failure),
+        Ok(Ok(response)) => response,
+    };
     if response.status().is_success() {
         return Ok(response);
     }

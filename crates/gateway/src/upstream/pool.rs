@@ -125,7 +125,9 @@ impl Pool {
                 Err(Unsent::Failed(failure)) => return Err(failure),
             }
         }
-        match self.connect(request.uri().clone()).await? {
+        // Boxed: the connect and handshake futures are large, and only a new connection needs
+        // them; inline they would make every request's future that much larger to move.
+        match Box::pin(self.connect(request.uri().clone())).await? {
             Fresh::Http2(mut shared) => {
                 self.shared.keep_http2(&address, shared.clone());
                 send_http2(&mut shared, request).await
