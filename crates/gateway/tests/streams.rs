@@ -111,3 +111,29 @@ async fn without_continuation_a_cut_ends_in_an_error_event_and_no_fallback_is_as
     );
     assert_eq!(h.endpoint("second").total_requests(), 0);
 }
+
+#[tokio::test]
+async fn finished_streams_and_answers_hand_their_upstream_connection_to_the_next_request() {
+    let fleet = vec![
+        EndpointSpec::azure("first", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))
+    ];
+    let config = "backends:\n  - { name: first, provider: azure, region: swedencentral, url: \"{url:first}\" }\nmodels:\n  - name: chat\n    targets:\n      - { backend: first, deployment: gpt-4o }\n";
+    let h = Harness::start(fleet, config).await;
+    for stream in [
+        true, false, true, true, false, true, true, false, true, true,
+    ] {
+        let answer = h
+            .post("/v1/chat/completions", chat_body("chat", stream))
+            .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let upstream = h.endpoint("first");
+    assert_eq!(upstream.total_requests(), 10);
+    // One pool per lane (and one off the lanes): each may open its own connection, no more.
+    let pools = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64 + 1;
+    assert!(
+        upstream.connections() <= pools,
+        "{} upstream connections for 10 requests one after another",
+        upstream.connections()
+    );
+}

@@ -34,6 +34,7 @@ fn stats(shared: &Shared) -> Value {
         "endpoint": shared.spec.name,
         "total": shared.total(),
         "cancelled": shared.cancelled(),
+        "connections": shared.counters.connections.load(Ordering::Relaxed),
         "deployments": shared.per_deployment(),
         "realtime": {
             "sessions": shared.realtime.sessions.load(Ordering::Relaxed),

@@ -72,6 +72,14 @@ impl Endpoint {
         self.shared.total()
     }
 
+    /// Connections accepted (since the start or the last counter reset).
+    pub fn connections(&self) -> u64 {
+        self.shared
+            .counters
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Requests whose client went away before the answer was complete.
     pub fn cancelled(&self) -> u64 {
         self.shared.cancelled()

@@ -1,5 +1,6 @@
 //! Accepting connections and serving HTTP/1.1 on them, with the ability to drop one without an answer.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ pub async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    shared.counters.connections.fetch_add(1, Ordering::Relaxed);
                     connections.spawn(serve(stream, shared.clone()));
                 }
                 Err(e) => {

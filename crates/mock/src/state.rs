@@ -23,6 +23,8 @@ pub struct Deployment {
 pub struct Counters {
     pub total: AtomicU64,
     pub cancelled: AtomicU64,
+    /// Connections accepted.
+    pub connections: AtomicU64,
     pub per_deployment: Mutex<BTreeMap<String, u64>>,
 }
 
@@ -136,6 +138,7 @@ impl Shared {
     pub fn reset_counters(&self) {
         self.counters.total.store(0, Ordering::Relaxed);
         self.counters.cancelled.store(0, Ordering::Relaxed);
+        self.counters.connections.store(0, Ordering::Relaxed);
         lock(&self.counters.per_deployment).clear();
         self.realtime.sessions.store(0, Ordering::Relaxed);
         self.error_ticks.store(0, Ordering::Relaxed);
