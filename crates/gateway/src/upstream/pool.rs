@@ -588,6 +588,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_h2_connection_carries_concurrent_requests_to_its_origin() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let service = service_fn(|request: Request<Incoming>| async move {
+                    // h2 carries the scheme and authority as pseudo-headers: the URI stays whole.
+                    let seen = format!(
+                        "{} {}",
+                        request.version() == http::Version::HTTP_2,
+                        request.uri()
+                    );
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(seen))))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(socket), service),
+                );
+            }
+        });
+        let uri: Uri = format!("http://{address}/v1/chat").parse().unwrap();
+        let pool = Pool::new(Duration::from_secs(1));
+        // What a TLS connection that negotiated h2 leaves in the pool.
+        let socket = tokio::net::TcpStream::connect(address).await.unwrap();
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .handshake(TokioIo::new(socket))
+            .await
+            .unwrap();
+        tokio::spawn(drive(connection));
+        pool.shared.keep_http2(&Address::of(&uri).unwrap(), sender);
+        let answers = futures_util::future::join_all((0..4).map(|_| async {
+            let response = pool.request(post(&uri)).await.unwrap();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8(body.to_vec()).unwrap()
+        }))
+        .await;
+        assert_eq!(answers, vec![format!("true {uri}"); 4]);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
     async fn an_unreachable_upstream_is_a_connect_error() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let uri: Uri = format!("http://{}/", listener.local_addr().unwrap())
