@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use onedoor_config::{OnStoreError, Problem, Snapshot, StateConfig, StoreKind};
-use onedoor_state::{OnError, RedisConfig, Slots, Store};
+use onedoor_state::{OnError, RedisConfig, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -231,10 +231,6 @@ fn store_for(state: &StateConfig) -> Store {
                 OnStoreError::FailOpen => OnError::FailOpen,
                 OnStoreError::FailClosed => OnError::FailClosed,
             },
-            slots: Some(Slots {
-                count: lanes::count() + 1,
-                current: lanes::current,
-            }),
         }),
         _ => Store::memory(),
     }

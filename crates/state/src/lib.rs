@@ -22,7 +22,7 @@ pub use meter::{
     day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal,
     Reservation, Settlement, Verdict,
 };
-pub use redis::{OnError, RedisConfig, RedisState, Slots};
+pub use redis::{OnError, RedisConfig, RedisState};
 pub use store::{Detached, Health, Store};
 
 /// Milliseconds since the Unix epoch on this instance's clock.

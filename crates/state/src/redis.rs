@@ -42,19 +42,6 @@ pub struct RedisConfig {
     /// Keys start with `{<key_prefix>:`.
     pub key_prefix: String,
     pub on_error: OnError,
-    /// One connection per slot instead of one for all (see [`Slots`]).
-    pub slots: Option<Slots>,
-}
-
-/// Which of several connections the calling thread uses. The gateway keeps one per lane (its
-/// single-threaded runtimes): a lane's calls then go out, and their answers come back, on the
-/// lane's own thread, instead of through a connection task on another thread that has to be
-/// woken for each call and wake the caller in turn.
-#[derive(Clone, Copy, Debug)]
-pub struct Slots {
-    pub count: usize,
-    /// The calling thread's slot, below `count`.
-    pub current: fn() -> usize,
 }
 
 struct Scripts {
@@ -243,10 +230,8 @@ fn record(values: &[i64]) -> BreakerRecord {
 }
 
 pub struct RedisState {
-    /// One per slot (at least one), each connecting on its first call from the thread that
-    /// makes it; empty when the URL could not even be parsed: every call takes the fallback.
-    connections: Vec<ConnectionManager>,
-    slot: fn() -> usize,
+    /// `None` when the URL could not even be parsed: every call takes the fallback.
+    connection: Option<ConnectionManager>,
     keys: Keys,
     on_error: OnError,
     local: MemoryState,
@@ -268,24 +253,17 @@ impl RedisState {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let slots = config.slots.unwrap_or(Slots {
-            count: 1,
-            current: || 0,
-        });
-        let connections = redis::Client::open(config.url.as_str()).and_then(|client| {
-            (0..slots.count.max(1))
-                .map(|_| {
-                    ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
-                })
-                .collect::<RedisResult<Vec<_>>>()
-        });
-        let connections = connections.unwrap_or_else(|error| {
-            tracing::error!(%error, "the state store URL cannot be used; every decision takes the on_store_error path");
-            Vec::new()
-        });
+        let connection = redis::Client::open(config.url.as_str())
+            .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config));
+        let connection = match connection {
+            Ok(connection) => Some(connection),
+            Err(error) => {
+                tracing::error!(%error, "the state store URL cannot be used; every decision takes the on_store_error path");
+                None
+            }
+        };
         RedisState {
-            connections,
-            slot: slots.current,
+            connection,
             keys: Keys::new(&config.key_prefix),
             on_error: config.on_error,
             local: MemoryState::new(),
@@ -298,11 +276,6 @@ impl RedisState {
 
     pub fn on_error(&self) -> OnError {
         self.on_error
-    }
-
-    /// How many connections it keeps (one per slot).
-    pub fn connections(&self) -> usize {
-        self.connections.len()
     }
 
     /// Calls that failed (or timed out) since start.
@@ -337,11 +310,7 @@ impl RedisState {
         if now_ms() < self.skip_until_ms.load(Ordering::Relaxed) {
             return None;
         }
-        let connection = self
-            .connections
-            .get((self.slot)())
-            .or_else(|| self.connections.first())?
-            .clone();
+        let connection = self.connection.clone()?;
         let outcome = tokio::time::timeout(CALL_TIMEOUT, remote(connection)).await;
         match outcome {
             Ok(Ok(value)) => {

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use onedoor_state::{
     Ask, BackendQuery, BreakerPhase, Charge, Claim, Exclusion, Limit, MeterKey, MeterLimits,
-    OnError, RedisConfig, RedisState, RoutingQuery, Settlement, Slots, State, TargetKey, Verdict,
+    OnError, RedisConfig, RedisState, RoutingQuery, Settlement, State, TargetKey, Verdict,
 };
 
 const REDIS: &str = "127.0.0.1:6379";
@@ -28,7 +28,6 @@ async fn redis(test: &str) -> RedisState {
         url: format!("redis://{REDIS}/0"),
         key_prefix: format!("test-{test}-{}-{nanos}", std::process::id()),
         on_error: OnError::FailClosed,
-        slots: None,
     });
     assert!(store.ping().await, "Redis at {REDIS} does not answer PING");
     store
@@ -59,28 +58,6 @@ fn ask(rpm: Option<u64>, tpm: Option<u64>, tokens: u64) -> Ask {
         },
         enforce: true,
     }
-}
-
-thread_local! {
-    static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-#[tokio::test]
-async fn each_slot_has_its_own_connection_and_a_slot_out_of_range_uses_the_first() {
-    let store = RedisState::new(&RedisConfig {
-        url: format!("redis://{REDIS}/0"),
-        key_prefix: format!("test-slots-{}", std::process::id()),
-        on_error: OnError::FailClosed,
-        slots: Some(Slots {
-            count: 3,
-            current: || SLOT.with(std::cell::Cell::get),
-        }),
-    });
-    for slot in [0, 1, 2, 2, 9] {
-        SLOT.with(|s| s.set(slot));
-        assert!(store.ping().await, "slot {slot}");
-    }
-    assert_eq!(store.connections(), 3);
 }
 
 #[tokio::test]
