@@ -55,8 +55,7 @@ struct Shared {
 
 /// One scheme and authority with its idle HTTP/1.1 connections (oldest first) and its h2 one.
 struct Origin {
-    scheme: Scheme,
-    authority: Authority,
+    address: Address,
     idle: VecDeque<Parked>,
     http2: Option<Http2>,
 }
@@ -276,6 +275,10 @@ fn connect_failure(error: &(dyn std::error::Error + 'static)) -> Failure {
 }
 
 impl Address {
+    fn is(&self, other: &Address) -> bool {
+        self.authority == other.authority && self.scheme == other.scheme
+    }
+
     fn of(uri: &Uri) -> Option<Address> {
         Some(Address {
             scheme: uri.scheme()?.clone(),
@@ -333,21 +336,15 @@ impl Shared {
 }
 
 fn find<'a>(origins: &'a mut [Origin], address: &Address) -> Option<&'a mut Origin> {
-    origins
-        .iter_mut()
-        .find(|origin| origin.authority == address.authority && origin.scheme == address.scheme)
+    origins.iter_mut().find(|origin| origin.address.is(address))
 }
 
 fn origin_entry<'a>(origins: &'a mut Vec<Origin>, address: &Address) -> &'a mut Origin {
-    let at = match origins
-        .iter()
-        .position(|origin| origin.authority == address.authority && origin.scheme == address.scheme)
-    {
+    let at = match origins.iter().position(|origin| origin.address.is(address)) {
         Some(at) => at,
         None => {
             origins.push(Origin {
-                scheme: address.scheme.clone(),
-                authority: address.authority.clone(),
+                address: address.clone(),
                 idle: VecDeque::new(),
                 http2: None,
             });
