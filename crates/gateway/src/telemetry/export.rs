@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use onedoor_config::{Otlp, Snapshot};
@@ -274,14 +274,7 @@ struct Transport {
 
 impl Transport {
     fn new(timeout: Duration) -> Transport {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(timeout));
-        let https = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let https = crate::upstream::connector(timeout, false);
         Transport {
             client: Client::builder(TokioExecutor::new()).build(https),
             timeout,

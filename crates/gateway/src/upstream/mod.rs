@@ -3,15 +3,36 @@
 
 mod pool;
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 use onedoor_config::Backend;
 use tokio::time::Instant;
 
 use crate::provider::WireRequest;
 
 pub use pool::{Pool, UpstreamBody};
+
+/// The TCP and rustls connector every upstream connection goes through: `http` or `https` URLs,
+/// the webpki roots, h2 offered by ALPN when `http2` is set.
+pub fn connector(connect_timeout: Duration, http2: bool) -> HttpsConnector<HttpConnector> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let builder = HttpsConnectorBuilder::new()
+        .with_webpki_roots()
+        .https_or_http()
+        .enable_http1();
+    match http2 {
+        true => builder.enable_http2().wrap_connector(http),
+        false => builder.wrap_connector(http),
+    }
+}
 
 /// Error bodies are read to classify them (not-served, context length); more than this is not an
 /// error body anyone needs.

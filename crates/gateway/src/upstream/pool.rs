@@ -20,7 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use tower_service::Service;
@@ -79,16 +79,7 @@ enum Fresh {
 
 impl Pool {
     pub fn new(connect_timeout: Duration) -> Pool {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        let connector = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+        let connector = super::connector(connect_timeout, true);
         Pool {
             shared: Arc::new(Shared {
                 connector,
