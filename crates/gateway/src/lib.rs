@@ -69,6 +69,9 @@ pub struct Running {
     live: Arc<Live>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Kept until realtime sessions have closed: they run on the lanes, and the client listener,
+    /// which holds the lanes too, ends as soon as no HTTP connection is open.
+    lanes: Arc<lanes::Lanes>,
 }
 
 /// Why a gateway did not start from its config file.
@@ -114,6 +117,9 @@ impl Running {
                 "realtime sessions still open after their close frames; dropping them"
             );
         }
+        // The sessions ran on the lanes; a lane stopped before would have dropped its sessions
+        // without their close frames.
+        drop(self.lanes);
         self.live.stop().await;
         if !self.live.current().recorder.close().await {
             tracing::warn!("usage records wait in the journal: the usage store did not take them; the next start replays them");
@@ -188,11 +194,12 @@ fn launch(
     let addr = local_addr(&client);
     let admin_addr = local_addr(&admin);
     let for_clients = live.clone();
+    let lanes = Arc::new(lanes::Lanes::start());
     let clients = tokio::spawn(server::serve(
         client,
         move |request| pipeline::handle(for_clients.current(), request),
         watcher.clone(),
-        Some(Arc::new(lanes::Lanes::start())),
+        Some(lanes.clone()),
     ));
     let for_admins = live.clone();
     let admins = tokio::spawn(server::serve(
@@ -217,6 +224,7 @@ fn launch(
         live,
         shutdown,
         tasks,
+        lanes,
     }
 }
 
