@@ -474,9 +474,11 @@ mod tests {
 
     use super::*;
 
-    /// An upstream that answers every request with `answer` bytes, closing the connection after
-    /// each answer when `close` is set; it counts the connections it accepted.
-    async fn upstream(answer: usize, close: bool) -> (Uri, Arc<AtomicUsize>) {
+    /// A server on an ephemeral port that hands each accepted socket to `serve` and counts them;
+    /// its `/v1/chat` URI.
+    async fn counting(
+        serve: impl Fn(TokioIo<tokio::net::TcpStream>) + Send + 'static,
+    ) -> (Uri, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -484,25 +486,29 @@ mod tests {
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 counted.fetch_add(1, Ordering::SeqCst);
-                let service = service_fn(move |_request| async move {
-                    let mut response = Response::new(Full::new(Bytes::from(vec![b'x'; answer])));
-                    if close {
-                        response
-                            .headers_mut()
-                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                    }
-                    Ok::<_, Infallible>(response)
-                });
-                tokio::spawn(
-                    hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(socket), service),
-                );
+                serve(TokioIo::new(socket));
             }
         });
-        (
-            format!("http://{address}/v1/chat").parse().unwrap(),
-            accepted,
-        )
+        let uri = format!("http://{address}/v1/chat").parse().unwrap();
+        (uri, accepted)
+    }
+
+    /// An HTTP/1.1 upstream that answers every request with `answer` bytes, closing the
+    /// connection after each answer when `close` is set.
+    async fn upstream(answer: usize, close: bool) -> (Uri, Arc<AtomicUsize>) {
+        counting(move |io| {
+            let service = service_fn(move |_request| async move {
+                let mut response = Response::new(Full::new(Bytes::from(vec![b'x'; answer])));
+                if close {
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(response)
+            });
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(io, service));
+        })
+        .await
     }
 
     fn post(uri: &Uri) -> Request<Full<Bytes>> {
@@ -577,29 +583,23 @@ mod tests {
 
     #[tokio::test]
     async fn an_h2_connection_carries_concurrent_requests_to_its_origin() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counted = accepted.clone();
-        tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let service = service_fn(|request: Request<Incoming>| async move {
-                    // h2 carries the scheme and authority as pseudo-headers: the URI stays whole.
-                    let seen = format!(
-                        "{} {}",
-                        request.version() == http::Version::HTTP_2,
-                        request.uri()
-                    );
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(seen))))
-                });
-                tokio::spawn(
-                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(socket), service),
+        let (uri, accepted) = counting(|io| {
+            let service = service_fn(|request: Request<Incoming>| async move {
+                // h2 carries the scheme and authority as pseudo-headers: the URI stays whole.
+                let seen = format!(
+                    "{} {}",
+                    request.version() == http::Version::HTTP_2,
+                    request.uri()
                 );
-            }
-        });
-        let uri: Uri = format!("http://{address}/v1/chat").parse().unwrap();
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(seen))))
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(io, service),
+            );
+        })
+        .await;
+        let address = uri.authority().unwrap().as_str().to_owned();
         let pool = Pool::new(Duration::from_secs(1));
         // What a TLS connection that negotiated h2 leaves in the pool.
         let socket = tokio::net::TcpStream::connect(address).await.unwrap();
