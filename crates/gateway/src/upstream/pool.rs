@@ -4,8 +4,8 @@
 //!
 //! A connection comes back when its body ends, before the caller has relayed that last byte, so the
 //! caller's next request finds it here (it may still be finishing that answer; `ready` waits the one
-//! scheduler pass that takes). A pool that took it back only once the connection had gone idle would
-//! race it and open a new connection per stream on a fast network.
+//! scheduler pass that takes). A body dropped a few bytes short of its end, as a relay drops a
+//! stream's after `data: [DONE]`, is read on briefly so its connection comes back too.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -72,7 +72,8 @@ struct Address {
     authority: Authority,
 }
 
-enum Fresh {
+/// A connection to send on: lent whole (HTTP/1.1) or shared (h2).
+enum Sender {
     Http1(Http1),
     Http2(Http2),
 }
@@ -102,10 +103,11 @@ impl Pool {
                 request.uri()
             ))
         })?;
-        if let Some(mut shared) = self.shared.http2_for(&address) {
-            return send_http2(&mut shared, request).await;
-        }
-        while let Some(mut idle) = self.shared.checkout(&address) {
+        while let Some(pooled) = self.shared.checkout(&address) {
+            let mut idle = match pooled {
+                Sender::Http2(mut shared) => return send_http2(&mut shared, request).await,
+                Sender::Http1(idle) => idle,
+            };
             if idle.ready().await.is_err() {
                 continue;
             }
@@ -118,11 +120,11 @@ impl Pool {
         // Boxed: the connect and handshake futures are large, and only a new connection needs
         // them; inline they would make every request's future that much larger to move.
         match Box::pin(self.connect(request.uri().clone())).await? {
-            Fresh::Http2(mut shared) => {
+            Sender::Http2(mut shared) => {
                 self.shared.keep_http2(&address, shared.clone());
                 send_http2(&mut shared, request).await
             }
-            Fresh::Http1(mut sender) => {
+            Sender::Http1(mut sender) => {
                 sender
                     .ready()
                     .await
@@ -164,7 +166,7 @@ impl Pool {
         }
     }
 
-    async fn connect(&self, uri: Uri) -> Result<Fresh, Failure> {
+    async fn connect(&self, uri: Uri) -> Result<Sender, Failure> {
         let mut connector = self.shared.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -180,7 +182,7 @@ impl Pool {
                 .await
                 .map_err(handshake_failed)?;
             tokio::spawn(drive(connection));
-            return Ok(Fresh::Http2(sender));
+            return Ok(Sender::Http2(sender));
         }
         let (sender, connection) = self
             .shared
@@ -189,7 +191,7 @@ impl Pool {
             .await
             .map_err(handshake_failed)?;
         tokio::spawn(drive(connection));
-        Ok(Fresh::Http1(sender))
+        Ok(Sender::Http1(sender))
     }
 }
 
@@ -283,28 +285,26 @@ impl Shared {
         self.origins.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn http2_for(&self, address: &Address) -> Option<Http2> {
-        let mut origins = self.origins();
-        let origin = find(&mut origins, address)?;
-        if origin.http2.as_ref().is_some_and(Http2::is_closed) {
-            origin.http2 = None;
-        }
-        origin.http2.clone()
-    }
-
     fn keep_http2(&self, address: &Address, sender: Http2) {
         let mut origins = self.origins();
         origin_entry(&mut origins, address).http2 = Some(sender);
     }
 
-    /// The most recently parked live connection, if any.
-    fn checkout(&self, address: &Address) -> Option<Http1> {
+    /// The origin's live h2 connection, else its most recently parked live HTTP/1.1 one, in
+    /// one look at the pool.
+    fn checkout(&self, address: &Address) -> Option<Sender> {
         let mut origins = self.origins();
         let origin = find(&mut origins, address)?;
+        if origin.http2.as_ref().is_some_and(Http2::is_closed) {
+            origin.http2 = None;
+        }
+        if let Some(shared) = &origin.http2 {
+            return Some(Sender::Http2(shared.clone()));
+        }
         let now = Instant::now();
         while let Some(parked) = origin.idle.pop_back() {
             if !parked.sender.is_closed() && now.duration_since(parked.since) < IDLE_TIMEOUT {
-                return Some(parked.sender);
+                return Some(Sender::Http1(parked.sender));
             }
         }
         None
