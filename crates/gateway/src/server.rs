@@ -4,12 +4,14 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
@@ -27,15 +29,28 @@ const MAX_HEADERS: usize = 128;
 /// after it are closed. Not configurable: it bounds how long a stop may take, whatever routing says.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-fn builder() -> Builder<TokioExecutor> {
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+/// How connections are served: HTTP/1.1 directly when the first bytes rule h2 out, else by
+/// reading the preface first. Serving HTTP/1.1 through the preface reader costs every connection
+/// an 8 KiB read buffer: hyper gets the 24 preface bytes on a first read of their own and grows
+/// its buffer to 16 KiB to read the rest after them.
+struct Builders {
+    http1: http1::Builder,
+    auto: Builder<TokioExecutor>,
+}
+
+fn builders() -> Builders {
+    let mut http1 = http1::Builder::new();
+    http1
         .max_buf_size(MAX_HEAD_BYTES.max(8192))
         .max_headers(MAX_HEADERS)
         .keep_alive(true);
-    builder.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
-    builder
+    let mut auto = Builder::new(TokioExecutor::new());
+    auto.http1()
+        .max_buf_size(MAX_HEAD_BYTES.max(8192))
+        .max_headers(MAX_HEADERS)
+        .keep_alive(true);
+    auto.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
+    Builders { http1, auto }
 }
 
 /// Serves `listener` with `handler` until `shutdown` flips, then lets open connections finish.
@@ -93,13 +108,13 @@ where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let builder = Arc::new(builder());
+    let builders = Arc::new(builders());
     let open = open.clone();
     let shutdown = shutdown.clone();
     Arc::new(move |stream| {
         let counted = open.enter();
         let mut aborted = open.aborted.subscribe();
-        let served = connection(stream, builder.clone(), handler.clone(), shutdown.clone());
+        let served = connection(stream, builders.clone(), handler.clone(), shutdown.clone());
         Box::pin(async move {
             tokio::select! {
                 () = served => {}
@@ -170,7 +185,7 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// waits and ends a hyper connection gracefully.
 async fn connection<H, F>(
     mut stream: TcpStream,
-    builder: Arc<Builder<TokioExecutor>>,
+    builders: Arc<Builders>,
     handler: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
 ) where
@@ -186,13 +201,14 @@ async fn connection<H, F>(
             Ok(seen) => seen,
         },
     };
-    let parking = Parking::new(!H2_PREFACE.starts_with(&head[..seen]));
+    let http1 = !H2_PREFACE.starts_with(&head[..seen]);
+    let parking = Parking::new(http1);
     loop {
         // Boxed: the hyper connection lives in this future only while it serves; a parked
         // connection's task then holds a few hundred bytes, not the served state's kilobytes.
         Box::pin(serve_until_parked(
             stream,
-            &builder,
+            (&builders, http1),
             &handler,
             &parking,
             &mut shutdown,
@@ -212,7 +228,7 @@ async fn connection<H, F>(
 
 async fn serve_until_parked<H, F>(
     stream: TcpStream,
-    builder: &Builder<TokioExecutor>,
+    (builders, http1): (&Builders, bool),
     handler: &Arc<H>,
     parking: &Arc<Parking>,
     shutdown: &mut watch::Receiver<bool>,
@@ -237,14 +253,35 @@ async fn serve_until_parked<H, F>(
         }
     });
     let io = TokioIo::new(ParkingIo::new(stream, parking.clone()));
-    let connection = builder
-        .serve_connection_with_upgrades(io, service)
-        .into_owned();
+    if http1 {
+        let connection = builders
+            .http1
+            .serve_connection(io, service)
+            .with_upgrades();
+        until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
+    } else {
+        let connection = builders
+            .auto
+            .serve_connection_with_upgrades(io, service)
+            .into_owned();
+        until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
+    }
+}
+
+/// Serves `connection` to its end; once shutdown begins, lets it finish gracefully.
+async fn until_ended<C, E>(
+    connection: C,
+    graceful_shutdown: impl FnOnce(Pin<&mut C>),
+    shutdown: &mut watch::Receiver<bool>,
+) where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
     tokio::pin!(connection);
     let ended = tokio::select! {
         ended = connection.as_mut() => ended,
         _ = stopped(shutdown) => {
-            connection.as_mut().graceful_shutdown();
+            graceful_shutdown(connection.as_mut());
             connection.await
         }
     };
