@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use onedoor_config::{Backend, HealthCheck, Provider};
 use onedoor_state::now_ms;
 use tokio::sync::watch;
@@ -136,7 +136,7 @@ impl Probe {
             request = request.header(*name, value.clone());
         }
         let request = request
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .map_err(|_| "invalid_url".to_owned())?;
         let response = tokio::time::timeout(self.timeout, self.client.request(request))
             .await

@@ -254,10 +254,7 @@ async fn serve_until_parked<H, F>(
     });
     let io = TokioIo::new(ParkingIo::new(stream, parking.clone()));
     if http1 {
-        let connection = builders
-            .http1
-            .serve_connection(io, service)
-            .with_upgrades();
+        let connection = builders.http1.serve_connection(io, service).with_upgrades();
         until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
     } else {
         let connection = builders

@@ -1,13 +1,14 @@
 //! The upstream client: pooled keep-alive connections per backend and lane (HTTP/1.1 and h2,
 //! rustls for https), and one attempt's transport outcome with its timeouts.
 
+mod http1;
 mod pool;
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use onedoor_config::Backend;
@@ -125,7 +126,7 @@ pub async fn send(
         *headers = wire.headers;
     }
     let request = request
-        .body(Full::new(wire.body))
+        .body(wire.body)
         .map_err(|e| Failure::ConnectError(e.to_string()))?;
     // Boxed, as hyper-util's client does: the pool's future is large, and inline it would grow
     // every future that awaits an attempt, each moved (copied) as it is built.

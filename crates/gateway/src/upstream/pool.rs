@@ -1,6 +1,7 @@
-//! Upstream connections kept for reuse, one pool per backend and lane: HTTP/1.1 connections are
-//! lent to one request at a time and come back the moment their answer's last byte is read; an h2
-//! connection (when TLS negotiates it) is shared by every request to its origin.
+//! Upstream connections kept for reuse, one pool per backend and lane: HTTP/1.1 connections (the
+//! gateway's own, [`super::http1`]) are lent to one request at a time and come back the moment
+//! their answer's last byte is read; an h2 connection (hyper's, when TLS negotiates h2) is shared
+//! by every request to its origin.
 //!
 //! A connection comes back when its body ends, before the caller has relayed that last byte, so the
 //! caller's next request finds it here (it may still be finishing that answer; `ready` waits the one
@@ -19,15 +20,17 @@ use http::{header, HeaderValue, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tower_service::Service;
 
+use super::http1::{self, SendError};
 use super::{describe, Failure};
+use crate::body::BoxError;
 
-type Http1 = http1::SendRequest<Full<Bytes>>;
+type Http1 = Box<http1::Connection>;
 type Http2 = http2::SendRequest<Full<Bytes>>;
 
 /// Connections idle longer than this are closed rather than reused (servers commonly close theirs
@@ -49,7 +52,6 @@ pub struct Pool {
 
 struct Shared {
     connector: HttpsConnector<HttpConnector>,
-    http1: http1::Builder,
     origins: Mutex<Vec<Origin>>,
 }
 
@@ -61,7 +63,7 @@ struct Origin {
 }
 
 struct Parked {
-    sender: Http1,
+    connection: Http1,
     since: Instant,
 }
 
@@ -84,7 +86,6 @@ impl Pool {
         Pool {
             shared: Arc::new(Shared {
                 connector,
-                http1: http1::Builder::new(),
                 origins: Mutex::new(Vec::new()),
             }),
         }
@@ -95,7 +96,7 @@ impl Pool {
     /// written is skipped; a request is never sent twice.
     pub async fn request(
         &self,
-        mut request: Request<Full<Bytes>>,
+        mut request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, Failure> {
         let address = Address::of(request.uri()).ok_or_else(|| {
             Failure::ConnectError(format!(
@@ -104,13 +105,10 @@ impl Pool {
             ))
         })?;
         while let Some(pooled) = self.shared.checkout(&address) {
-            let mut idle = match pooled {
+            let idle = match pooled {
                 Sender::Http2(mut shared) => return send_http2(&mut shared, request).await,
                 Sender::Http1(idle) => idle,
             };
-            if idle.ready().await.is_err() {
-                continue;
-            }
             match self.send_http1(idle, address.clone(), request).await {
                 Ok(response) => return Ok(response),
                 Err(Unsent::Back(back)) => request = back,
@@ -124,12 +122,8 @@ impl Pool {
                 self.shared.keep_http2(&address, shared.clone());
                 send_http2(&mut shared, request).await
             }
-            Sender::Http1(mut sender) => {
-                sender
-                    .ready()
-                    .await
-                    .map_err(|e| Failure::Reset(describe(&e)))?;
-                match self.send_http1(sender, address, request).await {
+            Sender::Http1(connection) => {
+                match self.send_http1(connection, address, request).await {
                     Ok(response) => Ok(response),
                     Err(Unsent::Back(_)) => Err(Failure::Reset(
                         "the new connection closed before the request was written".into(),
@@ -142,27 +136,24 @@ impl Pool {
 
     async fn send_http1(
         &self,
-        mut sender: Http1,
+        connection: Http1,
         address: Address,
-        mut request: Request<Full<Bytes>>,
+        mut request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, Unsent> {
         origin_form(&mut request, &address);
-        match sender.try_send_request(request).await {
-            Ok(response) => {
-                let lease = Lease {
+        match connection.send(request).await {
+            Ok(response) => Ok(response.map(|body| {
+                let home = body.may_return().then(|| Home {
                     shared: self.shared.clone(),
                     address,
-                    sender,
-                };
-                Ok(response.map(|body| UpstreamBody {
-                    body: Some(body),
-                    lease: Some(lease),
-                }))
-            }
-            Err(mut error) => match error.take_message() {
-                Some(back) => Err(Unsent::Back(back)),
-                None => Err(Unsent::Failed(Failure::Reset(describe(error.error())))),
-            },
+                });
+                UpstreamBody {
+                    inner: Inner::Http1(body),
+                    home,
+                }
+            })),
+            Err(SendError::Unsent(back)) => Err(Unsent::Back(back)),
+            Err(SendError::Failed(why)) => Err(Unsent::Failed(Failure::Reset(why))),
         }
     }
 
@@ -184,35 +175,28 @@ impl Pool {
             tokio::spawn(drive(connection));
             return Ok(Sender::Http2(sender));
         }
-        let (sender, connection) = self
-            .shared
-            .http1
-            .handshake(io)
-            .await
-            .map_err(handshake_failed)?;
-        tokio::spawn(drive(connection));
-        Ok(Sender::Http1(sender))
+        Ok(Sender::Http1(http1::Connection::new(TokioIo::new(io))))
     }
 }
 
 /// Why an HTTP/1.1 send did not produce a response head.
 enum Unsent {
     /// The connection closed before the request was written: it may go elsewhere.
-    Back(Request<Full<Bytes>>),
+    Back(Request<Bytes>),
     Failed(Failure),
 }
 
 async fn send_http2(
     sender: &mut Http2,
-    request: Request<Full<Bytes>>,
+    request: Request<Bytes>,
 ) -> Result<Response<UpstreamBody>, Failure> {
     let response = sender
-        .send_request(request)
+        .send_request(request.map(Full::new))
         .await
         .map_err(|e| Failure::Reset(describe(&e)))?;
     Ok(response.map(|body| UpstreamBody {
-        body: Some(body),
-        lease: None,
+        inner: Inner::Http2(body),
+        home: None,
     }))
 }
 
@@ -224,7 +208,7 @@ async fn drive<F: std::future::Future<Output = hyper::Result<()>>>(connection: F
 }
 
 /// HTTP/1.1 wants the path alone on the request line and the authority in `host`.
-fn origin_form(request: &mut Request<Full<Bytes>>, address: &Address) {
+fn origin_form(request: &mut Request<Bytes>, address: &Address) {
     if request.uri().scheme().is_none() {
         return;
     }
@@ -302,15 +286,15 @@ impl Shared {
             return Some(Sender::Http2(shared.clone()));
         }
         let now = Instant::now();
-        while let Some(parked) = origin.idle.pop_back() {
-            if !parked.sender.is_closed() && now.duration_since(parked.since) < IDLE_TIMEOUT {
-                return Some(Sender::Http1(parked.sender));
+        while let Some(mut parked) = origin.idle.pop_back() {
+            if now.duration_since(parked.since) < IDLE_TIMEOUT && parked.connection.is_usable() {
+                return Some(Sender::Http1(parked.connection));
             }
         }
         None
     }
 
-    fn park(&self, address: &Address, sender: Http1) {
+    fn park(&self, address: &Address, connection: Http1) {
         let now = Instant::now();
         let mut origins = self.origins();
         let idle = &mut origin_entry(&mut origins, address).idle;
@@ -321,7 +305,10 @@ impl Shared {
             idle.pop_front();
         }
         if idle.len() < MAX_IDLE {
-            idle.push_back(Parked { sender, since: now });
+            idle.push_back(Parked {
+                connection,
+                since: now,
+            });
         }
     }
 }
@@ -345,46 +332,58 @@ fn origin_entry<'a>(origins: &'a mut Vec<Origin>, address: &Address) -> &'a mut 
     &mut origins[at]
 }
 
-/// An HTTP/1.1 connection lent to one response; it goes back to the pool when the body ends, and
-/// is closed instead when the body is dropped before its end or fails.
-struct Lease {
+/// Where an HTTP/1.1 answer's connection goes back once its body has ended.
+struct Home {
     shared: Arc<Shared>,
     address: Address,
-    sender: Http1,
 }
 
 /// An upstream response body; reading it to its end returns its connection to the pool.
 pub struct UpstreamBody {
-    /// Taken only by a salvage on drop.
-    body: Option<Incoming>,
-    lease: Option<Lease>,
+    inner: Inner,
+    /// Set while the HTTP/1.1 connection may still go back to its pool.
+    home: Option<Home>,
+}
+
+enum Inner {
+    Ended,
+    Http1(http1::Body),
+    Http2(Incoming),
 }
 
 impl UpstreamBody {
-    fn give_back(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            lease.shared.park(&lease.address, lease.sender);
+    /// The body has ended: its HTTP/1.1 connection goes back to the pool if it may.
+    fn finish(&mut self) {
+        let Inner::Http1(body) = std::mem::replace(&mut self.inner, Inner::Ended) else {
+            return;
+        };
+        if let (Some(home), Some(connection)) = (self.home.take(), body.into_reusable()) {
+            home.shared.park(&home.address, connection);
         }
     }
 
     /// Reads what has already arrived; `Some(true)` once the body has ended (its connection is
-    /// back), `Some(false)` when it failed or ran past `budget`, `None` when more is on its way.
+    /// back), `Some(false)` when it failed or ran past `budget` (the connection closes), `None`
+    /// when more is on its way.
     fn read_arrived(&mut self, cx: &mut Context<'_>, budget: &mut usize) -> Option<bool> {
         loop {
-            if self.lease.is_none() {
+            let (Some(_), Inner::Http1(body)) = (&self.home, &mut self.inner) else {
                 return Some(true);
-            }
-            match Pin::new(&mut *self).poll_frame(cx) {
+            };
+            let size = match body.poll_data(cx) {
                 Poll::Pending => return None,
-                Poll::Ready(None) => return Some(true),
-                Poll::Ready(Some(Err(_))) => return Some(false),
-                Poll::Ready(Some(Ok(frame))) => {
-                    let size = frame.data_ref().map_or(0, Bytes::len);
-                    match budget.checked_sub(size) {
-                        Some(left) => *budget = left,
-                        None => return Some(false),
-                    }
-                }
+                Poll::Ready(None) => 0,
+                Poll::Ready(Some(Ok(data))) => data.len(),
+                Poll::Ready(Some(Err(_))) => usize::MAX,
+            };
+            let Some(left) = budget.checked_sub(size) else {
+                self.home = None;
+                return Some(false);
+            };
+            *budget = left;
+            if body.is_end() {
+                self.finish();
+                return Some(true);
             }
         }
     }
@@ -393,14 +392,14 @@ impl UpstreamBody {
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamBody")
-            .field("pooled", &self.lease.is_some())
+            .field("pooled", &self.home.is_some())
             .finish()
     }
 }
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        if self.lease.is_none() {
+        if self.home.is_none() {
             return;
         }
         let mut budget = SALVAGE_BYTES;
@@ -412,8 +411,8 @@ impl Drop for UpstreamBody {
             return;
         };
         let mut rest = UpstreamBody {
-            body: self.body.take(),
-            lease: self.lease.take(),
+            inner: std::mem::replace(&mut self.inner, Inner::Ended),
+            home: self.home.take(),
         };
         runtime.spawn(async move {
             let salvage = std::future::poll_fn(|cx| match rest.read_arrived(cx, &mut budget) {
@@ -422,41 +421,61 @@ impl Drop for UpstreamBody {
             });
             let _ = tokio::time::timeout(SALVAGE_TIME, salvage).await;
             // Not ended in time: the connection closes here, without another salvage.
-            drop(rest.lease.take());
+            drop(rest.home.take());
         });
     }
 }
 
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        let Some(body) = this.body.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = Pin::new(&mut *body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => this.give_back(),
-            Poll::Ready(Some(Ok(_))) if body.is_end_stream() => this.give_back(),
-            Poll::Ready(Some(Err(_))) => this.lease = None,
-            _ => {}
+        match &mut this.inner {
+            Inner::Ended => Poll::Ready(None),
+            Inner::Http2(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| Box::new(e) as BoxError),
+            Inner::Http1(body) => match std::task::ready!(body.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    if body.is_end() {
+                        this.finish();
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(data))))
+                }
+                None => {
+                    this.finish();
+                    Poll::Ready(None)
+                }
+                Some(Err(error)) => {
+                    this.inner = Inner::Ended;
+                    this.home = None;
+                    Poll::Ready(Some(Err(Box::new(error))))
+                }
+            },
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(Incoming::is_end_stream)
+        match &self.inner {
+            Inner::Ended => true,
+            Inner::Http1(body) => body.is_end(),
+            Inner::Http2(body) => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Incoming::size_hint)
+        match &self.inner {
+            Inner::Ended => SizeHint::with_exact(0),
+            Inner::Http1(body) => body
+                .exact_length()
+                .map_or_else(SizeHint::new, SizeHint::with_exact),
+            Inner::Http2(body) => body.size_hint(),
+        }
     }
 }
 
@@ -511,9 +530,9 @@ mod tests {
         .await
     }
 
-    fn post(uri: &Uri) -> Request<Full<Bytes>> {
+    fn post(uri: &Uri) -> Request<Bytes> {
         Request::post(uri.clone())
-            .body(Full::new(Bytes::from_static(b"{}")))
+            .body(Bytes::from_static(b"{}"))
             .unwrap()
     }
 
@@ -629,6 +648,104 @@ mod tests {
         let pool = Pool::new(Duration::from_secs(1));
         let failure = pool.request(post(&uri)).await.unwrap_err();
         assert!(matches!(failure, Failure::ConnectError(_)), "{failure:?}");
+    }
+
+    /// A raw upstream: on each connection, reads one request after another and answers each with
+    /// the next of `answers`, every answer written in the pieces given (a pause between them);
+    /// closes the connection after `per_connection` answers.
+    async fn scripted(
+        answers: Vec<Vec<&'static [u8]>>,
+        per_connection: usize,
+    ) -> (Uri, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let answers = Arc::new(answers);
+        let next = Arc::new(AtomicUsize::new(0));
+        counting(move |io| {
+            let (answers, next) = (answers.clone(), next.clone());
+            let mut socket = io.into_inner();
+            tokio::spawn(async move {
+                for _ in 0..per_connection {
+                    let mut request = Vec::new();
+                    // post() sends a two-byte body after the head.
+                    while !request
+                        .windows(4)
+                        .position(|w| w == b"\r\n\r\n")
+                        .is_some_and(|at| request.len() >= at + 6)
+                    {
+                        let mut chunk = [0u8; 1024];
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let answer = &answers[next.fetch_add(1, Ordering::SeqCst) % answers.len()];
+                    for piece in answer {
+                        socket.write_all(piece).await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            });
+        })
+        .await
+    }
+
+    async fn text(pool: &Pool, uri: &Uri) -> String {
+        let response = pool.request(post(uri)).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn chunked_answers_in_pieces_decode_whole_and_keep_their_connection() {
+        let answer: Vec<&'static [u8]> = vec![
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-",
+            b"encoding: chunked\r\n\r\n5\r\nhel",
+            b"lo\r\n7;ext=1\r\n, world\r\n",
+            b"0\r\n\r\n",
+        ];
+        let (uri, accepted) = scripted(vec![answer], 10).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            assert_eq!(text(&pool, &uri).await, "hello, world");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_a_length_ends_with_its_connection() {
+        let answer: Vec<&'static [u8]> = vec![b"HTTP/1.0 200 OK\r\n\r\nall of ", b"it"];
+        let (uri, accepted) = scripted(vec![answer], 1).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        assert_eq!(text(&pool, &uri).await, "all of it");
+        assert_eq!(text(&pool, &uri).await, "all of it");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_upstream_closed_quietly_is_not_used() {
+        // Keep-alive by its headers, then closed by the upstream while idle in the pool.
+        let answer: Vec<&'static [u8]> = vec![b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"];
+        let (uri, accepted) = scripted(vec![answer], 1).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            assert_eq!(text(&pool, &uri).await, "ok");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_answer_cut_before_its_length_is_an_error_and_not_reused() {
+        let cut: Vec<&'static [u8]> = vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"];
+        let (uri, _) = scripted(vec![cut], 1).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        let response = pool.request(post(&uri)).await.unwrap();
+        let error = response.into_body().collect().await.unwrap_err();
+        assert!(error.to_string().contains("closed before"), "{error}");
+        let garbage: Vec<&'static [u8]> = vec![b"SSH-2.0-OpenSSH_9\r\n\r\n"];
+        let (uri, _) = scripted(vec![garbage], 1).await;
+        let failure = pool.request(post(&uri)).await.unwrap_err();
+        assert!(matches!(failure, Failure::Reset(_)), "{failure:?}");
     }
 
     #[test]

@@ -1,0 +1,637 @@
+//! HTTP/1.1 to upstreams, on the socket itself: the request is written and its answer read by
+//! whoever awaits it, with no connection task, no channel between them and one small read buffer.
+//! A stream held open holds the socket, that buffer and the body's framing state, a few KiB; a
+//! hyper client connection holds two 8 KiB buffers, a request channel and a task per connection.
+//!
+//! Only what upstream answers need: a request with its whole body, answers framed by
+//! `content-length`, `chunked` or the connection's end, 1xx answers skipped, keep-alive unless
+//! either side says `close`.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+/// The socket as the connector hands it over: plain TCP or rustls over it.
+pub type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+
+/// Response heads larger than this are refused.
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_HEADERS: usize = 128;
+/// The first read of an answer asks for this much; reads that fill it ask for twice as much
+/// next, up to [`MAX_READ`].
+const FIRST_READ: usize = 4 * 1024;
+const MAX_READ: usize = 64 * 1024;
+/// A request and body up to this size go out in one write.
+const ONE_WRITE: usize = 64 * 1024;
+
+/// An open HTTP/1.1 connection and whatever it has read and not yet handed out.
+pub struct Connection {
+    io: Io,
+    buffer: BytesMut,
+    next_read: usize,
+}
+
+/// Why a request produced no answer head.
+pub enum SendError {
+    /// Nothing was written: the request may go on another connection.
+    Unsent(Request<Bytes>),
+    /// The connection failed after (part of) the request went out, or the answer was not HTTP.
+    Failed(String),
+}
+
+/// How the answer's body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(u64),
+    Chunked(Chunked),
+    /// Until the upstream closes the connection.
+    Close,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunked {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk, this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+}
+
+/// An answer's body being read off its connection.
+pub struct Body {
+    connection: Box<Connection>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+impl Connection {
+    pub fn new(io: Io) -> Box<Connection> {
+        Box::new(Connection {
+            io,
+            buffer: BytesMut::new(),
+            next_read: FIRST_READ,
+        })
+    }
+
+    /// Whether an idle connection can carry a request: nothing arrived while it waited (an
+    /// idle connection that reads anything, its end included, was closed or broken).
+    pub fn is_usable(&mut self) -> bool {
+        if !self.buffer.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut probe = [0u8; 1];
+        let mut read = ReadBuf::new(&mut probe);
+        matches!(
+            Pin::new(&mut self.io).poll_read(&mut cx, &mut read),
+            Poll::Pending
+        )
+    }
+
+    /// Sends `request` (origin-form URI, `host` set) and reads the answer's head.
+    pub async fn send(
+        mut self: Box<Self>,
+        request: Request<Bytes>,
+    ) -> Result<Response<Body>, SendError> {
+        let head_request = request.method() == Method::HEAD;
+        let (bytes, body) = encode(&request);
+        if let Err(error) = self.write_request(&bytes, &body).await {
+            return Err(match error {
+                Written::Nothing => SendError::Unsent(request),
+                Written::Part(e) => SendError::Failed(e.to_string()),
+            });
+        }
+        let close_asked = wants_close(request.headers(), Version::HTTP_11);
+        let (head, framing) = loop {
+            let head = self.read_head().await.map_err(SendError::Failed)?;
+            if !head.status.is_informational() || head.status == StatusCode::SWITCHING_PROTOCOLS {
+                let framing = framing(&head, head_request).map_err(SendError::Failed)?;
+                break (head, framing);
+            }
+        };
+        let keep_alive =
+            !close_asked && framing != Framing::Close && !wants_close(&head.headers, head.version);
+        let mut response = Response::new(Body {
+            connection: self,
+            framing,
+            keep_alive,
+        });
+        *response.status_mut() = head.status;
+        *response.version_mut() = head.version;
+        *response.headers_mut() = head.headers;
+        Ok(response)
+    }
+
+    async fn write_request(&mut self, head: &[u8], body: &Bytes) -> Result<(), Written> {
+        let mut written = 0;
+        let joined;
+        let parts: [&[u8]; 2] = if head.len() + body.len() <= ONE_WRITE {
+            joined = [head, body].concat();
+            [&joined, &[]]
+        } else {
+            [head, body]
+        };
+        for part in parts {
+            let mut at = 0;
+            while at < part.len() {
+                match self.io.write(&part[at..]).await {
+                    Ok(0) => return Err(Written::at(written, closed_error())),
+                    Ok(n) => {
+                        at += n;
+                        written += n;
+                    }
+                    Err(e) => return Err(Written::at(written, e)),
+                }
+            }
+        }
+        self.io.flush().await.map_err(Written::Part)
+    }
+
+    /// The next answer head, consumed from the buffer.
+    async fn read_head(&mut self) -> Result<Head, String> {
+        loop {
+            if let Some(head) = parse_head(&mut self.buffer)? {
+                return Ok(head);
+            }
+            if self.buffer.len() >= MAX_HEAD {
+                return Err(format!("the answer's head is larger than {MAX_HEAD} bytes"));
+            }
+            let read = std::future::poll_fn(|cx| self.poll_read(cx)).await;
+            match read {
+                Ok(0) => return Err("the connection closed before an answer arrived".into()),
+                Ok(_) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Reads what the socket has into the buffer; `Ok(0)` is the connection's end.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let filled = self.buffer.len();
+        let want = self.next_read;
+        self.buffer.resize(filled + want, 0);
+        let mut read = ReadBuf::new(&mut self.buffer[filled..]);
+        let polled = Pin::new(&mut self.io).poll_read(cx, &mut read);
+        let got = read.filled().len();
+        self.buffer.truncate(filled + got);
+        ready!(polled)?;
+        self.next_read = match got == want {
+            true => (want * 2).min(MAX_READ),
+            false => FIRST_READ,
+        };
+        Poll::Ready(Ok(got))
+    }
+}
+
+/// How much of a request went out before its connection failed.
+enum Written {
+    Nothing,
+    Part(std::io::Error),
+}
+
+impl Written {
+    fn at(written: usize, error: std::io::Error) -> Written {
+        match written {
+            0 => Written::Nothing,
+            _ => Written::Part(error),
+        }
+    }
+}
+
+fn closed_error() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::WriteZero, "the connection closed")
+}
+
+/// The request line and headers, and the body.
+fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
+    let body = request.body().clone();
+    let mut head = Vec::with_capacity(256 + request.headers().len() * 48);
+    head.extend_from_slice(request.method().as_str().as_bytes());
+    head.push(b' ');
+    let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    head.extend_from_slice(target.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in request.headers() {
+        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    if !body.is_empty() || request.method() == Method::POST || request.method() == Method::PUT {
+        head.extend_from_slice(b"content-length: ");
+        head.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    (head, body)
+}
+
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+}
+
+/// Parses an answer head at the buffer's start and consumes it; `None` until it is whole.
+fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let length = match parsed.parse(buffer) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(format!("the answer is not HTTP/1.1: {e}")),
+    };
+    let status = parsed
+        .code
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or("the answer has no valid status")?;
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| format!("the answer has an invalid header name {:?}", field.name))?;
+        let value = HeaderValue::from_bytes(field.value)
+            .map_err(|_| format!("the answer's {name} header has an invalid value"))?;
+        headers.append(name, value);
+    }
+    buffer.advance(length);
+    Ok(Some(Head {
+        status,
+        version,
+        headers,
+    }))
+}
+
+/// How the body of an answer with this head ends.
+fn framing(head: &Head, head_request: bool) -> Result<Framing, String> {
+    let status = head.status;
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Done);
+    }
+    let chunked = head
+        .headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+    if chunked {
+        return Ok(Framing::Chunked(Chunked::Size));
+    }
+    if head.headers.contains_key(header::TRANSFER_ENCODING) {
+        return Ok(Framing::Close);
+    }
+    let mut lengths = head.headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = lengths.next() else {
+        return Ok(Framing::Close);
+    };
+    let length = parse_length(first)?;
+    if lengths.any(|other| parse_length(other) != Ok(length)) {
+        return Err("the answer has differing content-length headers".into());
+    }
+    Ok(match length {
+        0 => Framing::Done,
+        n => Framing::Length(n),
+    })
+}
+
+fn parse_length(value: &HeaderValue) -> Result<u64, String> {
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .ok_or_else(|| "the answer has an invalid content-length".to_string())
+}
+
+/// Whether these headers end the connection after this exchange.
+fn wants_close(headers: &HeaderMap, version: Version) -> bool {
+    let mut tokens = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim);
+    match version {
+        Version::HTTP_10 => !tokens.any(|t| t.eq_ignore_ascii_case("keep-alive")),
+        _ => tokens.any(|t| t.eq_ignore_ascii_case("close")),
+    }
+}
+
+/// A body's read failure.
+#[derive(Debug)]
+pub struct BodyError(String);
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+impl Body {
+    /// Whether the connection can go back to a pool once this body has ended.
+    pub fn may_return(&self) -> bool {
+        self.keep_alive
+    }
+
+    pub fn is_end(&self) -> bool {
+        self.framing == Framing::Done
+    }
+
+    /// The exact length left, when the answer said it.
+    pub fn exact_length(&self) -> Option<u64> {
+        match self.framing {
+            Framing::Length(left) => Some(left),
+            Framing::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// The connection, once the body has ended and the connection may carry another request.
+    pub fn into_reusable(self) -> Option<Box<Connection>> {
+        (self.framing == Framing::Done && self.keep_alive && self.connection.buffer.is_empty())
+            .then_some(self.connection)
+    }
+
+    /// The body's next bytes; `None` at its end.
+    pub fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyError>>> {
+        loop {
+            match self.step() {
+                Ok(Step::Data(bytes)) => return Poll::Ready(Some(Ok(bytes))),
+                Ok(Step::End) => return Poll::Ready(None),
+                Ok(Step::Continue) => continue,
+                Ok(Step::Read) => {}
+                Err(error) => {
+                    self.keep_alive = false;
+                    return Poll::Ready(Some(Err(error)));
+                }
+            }
+            let read = ready!(self.connection.poll_read(cx));
+            match read {
+                Ok(0) if self.framing == Framing::Close => {
+                    self.framing = Framing::Done;
+                    self.keep_alive = false;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => {
+                    return Poll::Ready(Some(Err(
+                        self.fail("the connection closed before the answer's end")
+                    )))
+                }
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Some(Err(self.fail(&e.to_string())))),
+            }
+        }
+    }
+
+    fn fail(&mut self, why: &str) -> BodyError {
+        self.keep_alive = false;
+        BodyError(why.to_string())
+    }
+
+    /// One step on what the buffer holds.
+    fn step(&mut self) -> Result<Step, BodyError> {
+        let buffer = &mut self.connection.buffer;
+        match self.framing {
+            Framing::Done => Ok(Step::End),
+            Framing::Close if buffer.is_empty() => Ok(Step::Read),
+            Framing::Close => Ok(Step::Data(buffer.split().freeze())),
+            Framing::Length(left) => {
+                let (bytes, left) = take(buffer, left);
+                self.framing = match left {
+                    0 => Framing::Done,
+                    left => Framing::Length(left),
+                };
+                Ok(bytes.map_or(Step::Read, Step::Data))
+            }
+            Framing::Chunked(state) => {
+                let (step, next) = chunked_step(buffer, state)?;
+                self.framing = next;
+                Ok(step)
+            }
+        }
+    }
+}
+
+enum Step {
+    Data(Bytes),
+    End,
+    /// The state moved on without data; step again.
+    Continue,
+    /// More bytes are needed.
+    Read,
+}
+
+/// Up to `left` bytes from the buffer, and how many are left after them.
+fn take(buffer: &mut BytesMut, left: u64) -> (Option<Bytes>, u64) {
+    if buffer.is_empty() {
+        return (None, left);
+    }
+    let n = usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .min(buffer.len());
+    let bytes = match n == buffer.len() {
+        true => buffer.split(),
+        false => buffer.split_to(n),
+    };
+    (Some(bytes.freeze()), left - n as u64)
+}
+
+/// One step of chunked decoding.
+fn chunked_step(buffer: &mut BytesMut, state: Chunked) -> Result<(Step, Framing), BodyError> {
+    let chunked = |state| Framing::Chunked(state);
+    match state {
+        Chunked::Size => {
+            let Some(line) = take_line(buffer)? else {
+                return Ok((Step::Read, chunked(state)));
+            };
+            let size = line[..].split(|b| *b == b';').next().unwrap_or(&[]);
+            let size = std::str::from_utf8(size)
+                .ok()
+                .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
+                .ok_or_else(|| BodyError("the answer has an invalid chunk size".into()))?;
+            let next = match size {
+                0 => Chunked::Trailers,
+                n => Chunked::Data(n),
+            };
+            Ok((Step::Continue, chunked(next)))
+        }
+        Chunked::Data(left) => {
+            let (bytes, left) = take(buffer, left);
+            let next = match left {
+                0 => Chunked::DataEnd,
+                left => Chunked::Data(left),
+            };
+            Ok((bytes.map_or(Step::Read, Step::Data), chunked(next)))
+        }
+        Chunked::DataEnd => match take_line(buffer)? {
+            None => Ok((Step::Read, chunked(state))),
+            Some(line) if line.is_empty() => Ok((Step::Continue, chunked(Chunked::Size))),
+            Some(_) => Err(BodyError(
+                "the answer's chunk does not end where its size said".into(),
+            )),
+        },
+        Chunked::Trailers => match take_line(buffer)? {
+            None => Ok((Step::Read, chunked(state))),
+            Some(line) if line.is_empty() => Ok((Step::End, Framing::Done)),
+            Some(_) => Ok((Step::Continue, chunked(state))),
+        },
+    }
+}
+
+/// A line ending in CRLF (or LF) taken from the buffer, without its end.
+fn take_line(buffer: &mut BytesMut) -> Result<Option<BytesMut>, BodyError> {
+    let Some(end) = memchr::memchr(b'\n', buffer) else {
+        if buffer.len() > 4096 {
+            return Err(BodyError(
+                "the answer has a chunk line longer than 4 KiB".into(),
+            ));
+        }
+        return Ok(None);
+    };
+    let mut line = buffer.split_to(end + 1);
+    line.truncate(end);
+    if line.last() == Some(&b'\r') {
+        line.truncate(end - 1);
+    }
+    Ok(Some(line))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn decode(framing: Framing, wire: &[u8]) -> Result<Vec<u8>, BodyError> {
+        let mut buffer = BytesMut::from(wire);
+        let mut framing = framing;
+        let mut out = Vec::new();
+        loop {
+            let step = match framing {
+                Framing::Chunked(state) => {
+                    let (step, next) = chunked_step(&mut buffer, state)?;
+                    framing = next;
+                    step
+                }
+                Framing::Length(left) => {
+                    let (bytes, left) = take(&mut buffer, left);
+                    framing = if left == 0 {
+                        Framing::Done
+                    } else {
+                        Framing::Length(left)
+                    };
+                    bytes.map_or(Step::Read, Step::Data)
+                }
+                _ => Step::End,
+            };
+            match step {
+                Step::Data(bytes) => out.extend_from_slice(&bytes),
+                Step::Continue => {}
+                Step::End => return Ok(out),
+                Step::Read => return Err(BodyError(format!("incomplete: {out:?}"))),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_with_extensions_and_trailers() {
+        let wire = b"5;name=x\r\nhello\r\n7\r\n, world\r\n0\r\ntrailer: yes\r\n\r\n";
+        let body = decode(Framing::Chunked(Chunked::Size), wire).unwrap();
+        assert_eq!(body, b"hello, world");
+    }
+
+    #[test]
+    fn a_chunk_longer_than_its_size_is_an_error() {
+        let wire = b"3\r\nhello\r\n0\r\n\r\n";
+        assert!(decode(Framing::Chunked(Chunked::Size), wire).is_err());
+        assert!(decode(Framing::Chunked(Chunked::Size), b"zz\r\n").is_err());
+    }
+
+    #[test]
+    fn a_length_body_stops_at_its_length() {
+        assert_eq!(decode(Framing::Length(3), b"abcdef").unwrap(), b"abc");
+    }
+
+    fn head(wire: &[u8]) -> Head {
+        parse_head(&mut BytesMut::from(wire)).unwrap().unwrap()
+    }
+
+    #[test]
+    fn heads_parse_and_say_how_their_body_ends() {
+        let ok = head(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\nx-a: 1\r\nx-a: 2\r\n\r\nbody");
+        assert_eq!(ok.status, StatusCode::OK);
+        assert_eq!(ok.headers.get_all("x-a").iter().count(), 2);
+        assert_eq!(framing(&ok, false).unwrap(), Framing::Length(12));
+        assert_eq!(framing(&ok, true).unwrap(), Framing::Done);
+        let chunked = head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n");
+        assert_eq!(
+            framing(&chunked, false).unwrap(),
+            Framing::Chunked(Chunked::Size)
+        );
+        let open = head(b"HTTP/1.0 200 OK\r\n\r\n");
+        assert_eq!(framing(&open, false).unwrap(), Framing::Close);
+        assert!(wants_close(&open.headers, open.version));
+        let twice = head(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n");
+        assert!(framing(&twice, false).is_err());
+        let none = head(b"HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!(framing(&none, false).unwrap(), Framing::Done);
+        assert!(
+            parse_head(&mut BytesMut::from(&b"HTTP/1.1 200 OK\r\ncontent-"[..]))
+                .unwrap()
+                .is_none()
+        );
+        assert!(parse_head(&mut BytesMut::from(&b"SSH-2.0-OpenSSH\r\n\r\n"[..])).is_err());
+    }
+
+    #[test]
+    fn close_is_read_from_either_version_s_rules() {
+        let mut headers = HeaderMap::new();
+        assert!(!wants_close(&headers, Version::HTTP_11));
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Keep-Alive, Close"),
+        );
+        assert!(wants_close(&headers, Version::HTTP_11));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        assert!(!wants_close(&headers, Version::HTTP_10));
+    }
+
+    #[test]
+    fn requests_carry_their_length_and_no_framing_of_their_own() {
+        let request = Request::post("/v1/chat?x=1")
+            .header("host", "upstream")
+            .header("content-length", "999")
+            .body(Bytes::from_static(b"{}"))
+            .unwrap();
+        let (head, body) = encode(&request);
+        assert_eq!(
+            String::from_utf8(head).unwrap(),
+            "POST /v1/chat?x=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 2\r\n\r\n"
+        );
+        assert_eq!(&body[..], b"{}");
+    }
+}
