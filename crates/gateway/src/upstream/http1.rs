@@ -26,7 +26,7 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
 /// The first read of an answer asks for this much; reads that fill it ask for twice as much
 /// next, up to [`MAX_READ`].
-const FIRST_READ: usize = 4 * 1024;
+const FIRST_READ: usize = 2 * 1024;
 const MAX_READ: usize = 64 * 1024;
 /// A request and body up to this size go out in one write.
 const ONE_WRITE: usize = 64 * 1024;
