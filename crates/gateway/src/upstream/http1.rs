@@ -41,7 +41,7 @@ pub struct Connection {
 /// Why a request produced no answer head.
 pub enum SendError {
     /// Nothing was written: the request may go on another connection.
-    Unsent(Request<Bytes>),
+    Unsent(Box<Request<Bytes>>),
     /// The connection failed after (part of) the request went out, or the answer was not HTTP.
     Failed(String),
 }
@@ -108,7 +108,7 @@ impl Connection {
         let (bytes, body) = encode(&request);
         if let Err(error) = self.write_request(&bytes, &body).await {
             return Err(match error {
-                Written::Nothing => SendError::Unsent(request),
+                Written::Nothing => SendError::Unsent(Box::new(request)),
                 Written::Part(e) => SendError::Failed(e.to_string()),
             });
         }

@@ -152,7 +152,7 @@ impl Pool {
                     home,
                 }
             })),
-            Err(SendError::Unsent(back)) => Err(Unsent::Back(back)),
+            Err(SendError::Unsent(back)) => Err(Unsent::Back(*back)),
             Err(SendError::Failed(why)) => Err(Unsent::Failed(Failure::Reset(why))),
         }
     }
@@ -667,10 +667,10 @@ mod tests {
                 for _ in 0..per_connection {
                     let mut request = Vec::new();
                     // post() sends a two-byte body after the head.
-                    while !request
+                    while request
                         .windows(4)
                         .position(|w| w == b"\r\n\r\n")
-                        .is_some_and(|at| request.len() >= at + 6)
+                        .is_none_or(|at| request.len() < at + 6)
                     {
                         let mut chunk = [0u8; 1024];
                         match socket.read(&mut chunk).await {
