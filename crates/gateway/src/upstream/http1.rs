@@ -15,18 +15,71 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-/// The socket as the connector hands it over: plain TCP or rustls over it.
-pub type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+/// The connector's socket: plain TCP as it is, rustls over it boxed (a TLS session is some
+/// kilobytes that a plain connection need not carry).
+pub enum Io {
+    Plain(TcpStream),
+    Tls(Box<TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>>),
+}
+
+impl From<MaybeHttpsStream<TokioIo<TcpStream>>> for Io {
+    fn from(stream: MaybeHttpsStream<TokioIo<TcpStream>>) -> Io {
+        match stream {
+            MaybeHttpsStream::Http(tcp) => Io::Plain(tcp.into_inner()),
+            tls => Io::Tls(Box::new(TokioIo::new(tls))),
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Io::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Io::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Io::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Io::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+        }
+    }
+}
 
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
-/// The first read of an answer asks for this much; reads that fill it ask for twice as much
+/// Each read asks for this much at first (an SSE event is a few hundred bytes); reads that fill it ask for twice as much
 /// next, up to [`MAX_READ`].
-const FIRST_READ: usize = 2 * 1024;
+const FIRST_READ: usize = 1024;
 const MAX_READ: usize = 64 * 1024;
 /// A request and body up to this size go out in one write.
 const ONE_WRITE: usize = 64 * 1024;

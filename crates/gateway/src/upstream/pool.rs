@@ -23,7 +23,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tower_service::Service;
 
 use super::http1::{self, SendError};
@@ -175,7 +175,7 @@ impl Pool {
             tokio::spawn(drive(connection));
             return Ok(Sender::Http2(sender));
         }
-        Ok(Sender::Http1(http1::Connection::new(TokioIo::new(io))))
+        Ok(Sender::Http1(http1::Connection::new(io.into())))
     }
 }
 
