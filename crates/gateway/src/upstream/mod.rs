@@ -9,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
+use hyper_rustls::builderstates::WantsSchemes;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use onedoor_config::Backend;
@@ -21,14 +22,21 @@ pub use pool::{Pool, UpstreamBody};
 /// The TCP and rustls connector every upstream connection goes through: `http` or `https` URLs,
 /// the webpki roots, h2 offered by ALPN when `http2` is set.
 pub fn connector(connect_timeout: Duration, http2: bool) -> HttpsConnector<HttpConnector> {
+    let tls = HttpsConnectorBuilder::new().with_webpki_roots();
+    connector_with(tls, connect_timeout, http2)
+}
+
+/// [`connector`] with its TLS settings given (tests trust their own certificate).
+fn connector_with(
+    tls: HttpsConnectorBuilder<WantsSchemes>,
+    connect_timeout: Duration,
+    http2: bool,
+) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
-    let builder = HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1();
+    let builder = tls.https_or_http().enable_http1();
     match http2 {
         true => builder.enable_http2().wrap_connector(http),
         false => builder.wrap_connector(http),

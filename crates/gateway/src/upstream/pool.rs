@@ -82,7 +82,10 @@ enum Sender {
 
 impl Pool {
     pub fn new(connect_timeout: Duration) -> Pool {
-        let connector = super::connector(connect_timeout, true);
+        Pool::with_connector(super::connector(connect_timeout, true))
+    }
+
+    fn with_connector(connector: HttpsConnector<HttpConnector>) -> Pool {
         Pool {
             shared: Arc::new(Shared {
                 connector,
@@ -746,6 +749,82 @@ mod tests {
         let (uri, _) = scripted(vec![garbage], 1).await;
         let failure = pool.request(post(&uri)).await.unwrap_err();
         assert!(matches!(failure, Failure::Reset(_)), "{failure:?}");
+    }
+
+    /// A TLS upstream for `localhost` offering `alpn`, answering `answer` bytes over HTTP/1.1
+    /// or h2 (whichever was negotiated), and a pool that trusts its certificate.
+    async fn tls_upstream(alpn: &[&[u8]], answer: usize) -> (Uri, Arc<AtomicUsize>, Pool) {
+        use tokio_rustls::rustls;
+        let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let cert = certified.cert.der().clone();
+        let key =
+            rustls::pki_types::PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
+        let mut server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.clone()], key)
+            .unwrap();
+        server.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let (plain, accepted) = counting(move |io| {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let tls = acceptor.accept(io.into_inner()).await.unwrap();
+                let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                let service = service_fn(move |request: Request<Incoming>| async move {
+                    let version = format!("{:?}", request.version());
+                    let mut body = version.into_bytes();
+                    body.resize(answer.max(body.len()), b'x');
+                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                });
+                let io = TokioIo::new(tls);
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                }
+            });
+        })
+        .await;
+        let uri: Uri = format!("https://localhost:{}/v1/chat", plain.port_u16().unwrap())
+            .parse()
+            .unwrap();
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).unwrap();
+        let client = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tls = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(client);
+        let pool = Pool::with_connector(super::super::connector_with(
+            tls,
+            Duration::from_secs(1),
+            true,
+        ));
+        (uri, accepted, pool)
+    }
+
+    #[tokio::test]
+    async fn tls_upstreams_that_negotiate_http1_keep_their_connection() {
+        let (uri, accepted, pool) = tls_upstream(&[b"http/1.1"], 100_000).await;
+        for _ in 0..3 {
+            let answer = text(&pool, &uri).await;
+            assert!(answer.starts_with("HTTP/1.1"), "{}", &answer[..20]);
+            assert_eq!(answer.len(), 100_000);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn tls_upstreams_that_offer_h2_carry_concurrent_requests_on_one_connection() {
+        let (uri, accepted, pool) = tls_upstream(&[b"h2", b"http/1.1"], 0).await;
+        // The first request opens the connection; the next ones share it.
+        assert_eq!(text(&pool, &uri).await, "HTTP/2.0");
+        let answers = futures_util::future::join_all((0..4).map(|_| text(&pool, &uri))).await;
+        assert_eq!(answers, vec!["HTTP/2.0"; 4]);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
     }
 
     #[test]
