@@ -4,12 +4,14 @@
 //! recorder itself lives as long as the gateway; a reload keeps it unless `usage.store` changed.
 
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{header, Response};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
+use memchr::memmem::Finder;
 use onedoor_config::{Alias, BackendId, Price, Snapshot};
 use onedoor_usage::{Destination, Recorder, Source, Tokens, UsageRecord};
 use serde::Deserialize;
@@ -338,7 +340,7 @@ impl Seen {
                 self.usage = self.usage.or_else(|| streamed_usage(payload));
             }
         }
-        if data.starts_with(b"event: error") || contains(data, b"\nevent: error") {
+        if data.starts_with(b"event: error") || ERROR_EVENT.find(data).is_some() {
             self.cut = true;
         }
     }
@@ -353,18 +355,18 @@ fn streamed_usage(payload: &[u8]) -> Option<Tokens> {
     measured(payload)
 }
 
+/// Searchers built once: building one costs more than searching a short event with it.
+static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+static ERROR_EVENT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\nevent: error"));
+
 /// Whether `"usage"` is followed by `:` and an object somewhere in `payload`.
 fn has_usage_object(payload: &[u8]) -> bool {
-    memchr::memmem::find_iter(payload, b"\"usage\"").any(|at| {
+    USAGE_KEY.find_iter(payload).any(|at| {
         let mut after = payload[at + 7..]
             .iter()
             .filter(|b| !b.is_ascii_whitespace());
         after.next() == Some(&b':') && after.next() == Some(&b'{')
     })
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memchr::memmem::find(haystack, needle).is_some()
 }
 
 /// A streamed answer's body that records its request when it ends: at its last frame, at an

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 mod azure;
+mod content_chunk;
 mod openai;
 pub mod openai_shaped;
 pub mod responses;
