@@ -30,7 +30,7 @@ struct Finders {
 }
 
 static FINDERS: LazyLock<Finders> = LazyLock::new(|| Finders {
-    full_read: FULL_READ_KEYS.iter().map(|key| Finder::new(key)).collect(),
+    full_read: FULL_READ_KEYS.iter().map(Finder::new).collect(),
     content: Finder::new("\"content\""),
     refusal: Finder::new("\"refusal\""),
     finish_reason: Finder::new("\"finish_reason\""),
