@@ -4,7 +4,6 @@
 
 pub mod anthropic;
 mod azure;
-mod content_chunk;
 mod openai;
 pub mod openai_shaped;
 pub mod responses;

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::provider::{content_chunk, EventTranslator, StreamAnswer};
+use crate::provider::{EventTranslator, StreamAnswer};
 use crate::stream::{classify, error_event, event_data, EventKind};
 use crate::usage::{estimate_tokens, Usage};
 
@@ -162,12 +162,6 @@ impl ChatEvents {
         }
         // Skipped strings are not checked for UTF-8 by the parser; the caller must get text.
         let data = std::str::from_utf8(data).ok()?;
-        if self.identity["id"] != "" {
-            if let Some(chars) = content_chunk::content_chars(data.as_bytes()) {
-                self.completion_chars += chars;
-                return Some(EventKind::Content { finished: false });
-            }
-        }
         let chunk: Passing<'_> = serde_json::from_str(data).ok()?;
         let new_identity = chunk.id.is_some_and(|id| !id.0.is_empty()) && self.identity["id"] == "";
         if chunk.error.is_some()
