@@ -173,8 +173,11 @@ impl Connection {
                 break (head, framing);
             }
         };
-        let keep_alive =
-            !close_asked && framing != Framing::Close && !wants_close(&head.headers, head.version);
+        // After a 101 the connection speaks another protocol: it never goes back to a pool.
+        let keep_alive = !close_asked
+            && framing != Framing::Close
+            && head.status != StatusCode::SWITCHING_PROTOCOLS
+            && !wants_close(&head.headers, head.version);
         let mut response = Response::new(Body {
             connection: self,
             framing,
