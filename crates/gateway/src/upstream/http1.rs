@@ -81,7 +81,7 @@ const MAX_HEADERS: usize = 128;
 /// next, up to [`MAX_READ`].
 const FIRST_READ: usize = 1024;
 const MAX_READ: usize = 64 * 1024;
-/// A request and body up to this size go out in one write.
+/// A request head and body up to this size together go out in one write.
 const ONE_WRITE: usize = 64 * 1024;
 
 /// An open HTTP/1.1 connection and whatever it has read and not yet handed out.
@@ -191,14 +191,7 @@ impl Connection {
 
     async fn write_request(&mut self, head: &[u8], body: &Bytes) -> Result<(), Written> {
         let mut written = 0;
-        let joined;
-        let parts: [&[u8]; 2] = if head.len() + body.len() <= ONE_WRITE {
-            joined = [head, body].concat();
-            [&joined, &[]]
-        } else {
-            [head, body]
-        };
-        for part in parts {
+        for part in [head, &body[..]] {
             let mut at = 0;
             while at < part.len() {
                 match self.io.write(&part[at..]).await {
@@ -269,10 +262,16 @@ fn closed_error() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::WriteZero, "the connection closed")
 }
 
-/// The request line and headers, and the body.
+/// The request as it goes out: its head with the body after it when both fit one write, else
+/// the head and the body apart (written one after the other, the body not copied).
 fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
-    let body = request.body().clone();
-    let mut head = Vec::with_capacity(256 + request.headers().len() * 48);
+    let body = request.body();
+    let inline_body = if body.len() < ONE_WRITE {
+        body.len()
+    } else {
+        0
+    };
+    let mut head = Vec::with_capacity(256 + request.headers().len() * 48 + inline_body);
     head.extend_from_slice(request.method().as_str().as_bytes());
     head.push(b' ');
     let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -293,7 +292,11 @@ fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
-    (head, body)
+    if head.len() + body.len() <= ONE_WRITE {
+        head.extend_from_slice(body);
+        return (head, Bytes::new());
+    }
+    (head, body.clone())
 }
 
 struct Head {
@@ -686,8 +689,14 @@ mod tests {
         let (head, body) = encode(&request);
         assert_eq!(
             String::from_utf8(head).unwrap(),
-            "POST /v1/chat?x=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 2\r\n\r\n"
+            "POST /v1/chat?x=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 2\r\n\r\n{}"
         );
-        assert_eq!(&body[..], b"{}");
+        assert!(body.is_empty());
+        let large = Request::post("/")
+            .body(Bytes::from(vec![b'x'; ONE_WRITE]))
+            .unwrap();
+        let (head, body) = encode(&large);
+        assert!(head.ends_with(b"content-length: 65536\r\n\r\n"));
+        assert_eq!(body.len(), ONE_WRITE);
     }
 }

@@ -4,8 +4,7 @@
 //! by every request to its origin.
 //!
 //! A connection comes back when its body ends, before the caller has relayed that last byte, so the
-//! caller's next request finds it here (it may still be finishing that answer; `ready` waits the one
-//! scheduler pass that takes). A body dropped a few bytes short of its end, as a relay drops a
+//! caller's next request finds it here. A body dropped a few bytes short of its end, as a relay drops a
 //! stream's after `data: [DONE]`, is read on briefly so its connection comes back too.
 
 use std::collections::VecDeque;
@@ -540,14 +539,7 @@ mod tests {
     }
 
     async fn read(pool: &Pool, uri: &Uri) -> usize {
-        let response = pool.request(post(uri)).await.unwrap();
-        response
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .len()
+        text(pool, uri).await.len()
     }
 
     #[tokio::test]
