@@ -1,7 +1,8 @@
 //! HTTP/1.1 to upstreams, on the socket itself: the request is written and its answer read by
-//! whoever awaits it, with no connection task, no channel between them and one small read buffer.
-//! A stream held open holds the socket, that buffer and the body's framing state, a few KiB; a
-//! hyper client connection holds two 8 KiB buffers, a request channel and a task per connection.
+//! whoever awaits it, with no connection task and no channel between them. Reads land in the
+//! thread's scratch space and only what arrived is kept, so a stream held open holds the socket,
+//! the bytes not yet handed out and the body's framing state; a hyper client connection holds
+//! two 8 KiB buffers, a request channel and a task per connection.
 //!
 //! Only what upstream answers need: a request with its whole body, answers framed by
 //! `content-length`, `chunked` or the connection's end, 1xx answers skipped, keep-alive unless
@@ -77,10 +78,10 @@ impl AsyncWrite for Io {
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
-/// Each read asks for this much at first (an SSE event is a few hundred bytes); reads that fill it ask for twice as much
-/// next, up to [`MAX_READ`].
-const FIRST_READ: usize = 1024;
+/// The most one read takes.
 const MAX_READ: usize = 64 * 1024;
+/// A read's size when the thread's scratch space cannot be had (only while the thread exits).
+const FALLBACK_READ: usize = 4096;
 /// A request head and body up to this size together go out in one write.
 const ONE_WRITE: usize = 64 * 1024;
 
@@ -88,7 +89,6 @@ const ONE_WRITE: usize = 64 * 1024;
 pub struct Connection {
     io: Io,
     buffer: BytesMut,
-    next_read: usize,
 }
 
 /// Why a request produced no answer head.
@@ -133,7 +133,6 @@ impl Connection {
         Box::new(Connection {
             io,
             buffer: BytesMut::new(),
-            next_read: FIRST_READ,
         })
     }
 
@@ -225,22 +224,34 @@ impl Connection {
         }
     }
 
-    /// Reads what the socket has into the buffer; `Ok(0)` is the connection's end.
+    /// Reads what the socket has into the buffer; `Ok(0)` is the connection's end. The read
+    /// lands in the thread's scratch space first and only what arrived is copied here, so one
+    /// read takes a whole answer (up to 64 KiB) and a connection waiting for its next bytes
+    /// holds no read buffer.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let filled = self.buffer.len();
-        let want = self.next_read;
-        self.buffer.resize(filled + want, 0);
-        let mut read = ReadBuf::new(&mut self.buffer[filled..]);
-        let polled = Pin::new(&mut self.io).poll_read(cx, &mut read);
-        let got = read.filled().len();
-        self.buffer.truncate(filled + got);
-        ready!(polled)?;
-        self.next_read = match got == want {
-            true => (want * 2).min(MAX_READ),
-            false => FIRST_READ,
-        };
-        Poll::Ready(Ok(got))
+        let read = SCRATCH.try_with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut scratch) => self.read_through(cx, &mut scratch),
+            Err(_) => self.read_through(cx, &mut [0; FALLBACK_READ]),
+        });
+        read.unwrap_or_else(|_| self.read_through(cx, &mut [0; FALLBACK_READ]))
     }
+
+    fn read_through(
+        &mut self,
+        cx: &mut Context<'_>,
+        scratch: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let mut read = ReadBuf::new(scratch);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut read))?;
+        self.buffer.extend_from_slice(read.filled());
+        Poll::Ready(Ok(read.filled().len()))
+    }
+}
+
+thread_local! {
+    /// Where this thread's upstream reads land before they are copied to their connection.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0; MAX_READ].into_boxed_slice());
 }
 
 /// How much of a request went out before its connection failed.
