@@ -6,16 +6,18 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use onedoor_state::{now_ms, MeterKey, State};
 use sha2::{Digest, Sha256};
 
 use crate::auth::presented_key;
-use crate::body::{full, Body};
+use crate::body::{full, Body, RequestBody};
 use crate::reload::{Live, ReloadError};
 use crate::runtime::Runtime;
 
-pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Body> {
+/// Admin requests carry no body worth more than this.
+pub const MAX_BODY: u64 = 64 * 1024;
+
+pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<Body> {
     let runtime = live.current();
     let path = request.uri().path();
     if path == "/healthz" {
@@ -63,7 +65,7 @@ pub async fn handle(live: Arc<Live>, request: Request<Incoming>) -> Response<Bod
 }
 
 /// Compares digests, so the time taken says nothing about how much of the token matched.
-fn authorized(runtime: &Runtime, request: &Request<Incoming>) -> bool {
+fn authorized(runtime: &Runtime, request: &Request<RequestBody>) -> bool {
     let Some(token) = runtime.snapshot.admin.token.as_ref() else {
         return false;
     };

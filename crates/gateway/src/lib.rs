@@ -15,13 +15,13 @@ mod dashboard;
 mod errors;
 mod failover;
 mod fleet;
+mod framing;
 mod headroom;
 mod health;
 mod lanes;
 mod messages;
 mod metrics;
 mod outcome;
-mod park;
 mod pipeline;
 mod provider;
 mod readiness;
@@ -195,9 +195,11 @@ fn launch(
     let admin_addr = local_addr(&admin);
     let for_clients = live.clone();
     let lanes = Arc::new(lanes::Lanes::start());
+    let limit_of = live.clone();
     let clients = tokio::spawn(server::serve(
         client,
         move |request| pipeline::handle(for_clients.current(), request),
+        Arc::new(move || limit_of.current().snapshot.max_request_body),
         watcher.clone(),
         Some(lanes.clone()),
     ));
@@ -205,6 +207,7 @@ fn launch(
     let admins = tokio::spawn(server::serve(
         admin,
         move |request| admin::handle(for_admins.clone(), request),
+        Arc::new(|| admin::MAX_BODY),
         watcher.clone(),
         None,
     ));

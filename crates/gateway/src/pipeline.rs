@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use hyper::body::Incoming;
 use onedoor_config::{Alias, Snapshot, Tenant};
 use tokio::time::Instant;
 
@@ -16,7 +15,7 @@ use crate::admission::{self, RateHeaders};
 use crate::affinity;
 use crate::attempt::{Answer, Continuation, Dispatch};
 use crate::auth::{self, Caller};
-use crate::body::{full, Body};
+use crate::body::{full, Body, RequestBody};
 use crate::errors::GatewayError;
 use crate::failover::{Ending, Failover, Trail};
 use crate::messages;
@@ -56,7 +55,7 @@ struct Exchange {
     span: Option<Box<RequestSpan>>,
 }
 
-pub async fn handle(runtime: Arc<Runtime>, request: Request<Incoming>) -> Response<Body> {
+pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Response<Body> {
     let started = Instant::now();
     let arrived_ms = onedoor_usage::now_ms();
     let id = request_id();
@@ -170,7 +169,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 
 async fn serve(
     runtime: &Arc<Runtime>,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     id: &str,
     exchange: &mut Exchange,
 ) -> Result<Response<Body>, GatewayError> {
@@ -245,7 +244,7 @@ fn models(snapshot: &Snapshot, tenant: &Tenant) -> Response<Body> {
 }
 
 /// Reads the body, refusing it from its Content-Length when that is already over the limit.
-async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, GatewayError> {
+async fn read_body(request: Request<RequestBody>, limit: u64) -> Result<Bytes, GatewayError> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -254,10 +253,15 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, Gate
     if declared.is_some_and(|len| len > limit) {
         return Err(GatewayError::RequestTooLarge { limit });
     }
-    let limited = Limited::new(
-        request.into_body(),
-        usize::try_from(limit).unwrap_or(usize::MAX),
-    );
+    let incoming = match request.into_body() {
+        RequestBody::Whole(bytes) if bytes.len() as u64 > limit => {
+            return Err(GatewayError::RequestTooLarge { limit })
+        }
+        RequestBody::Whole(bytes) => return Ok(bytes),
+        RequestBody::TooLarge => return Err(GatewayError::RequestTooLarge { limit }),
+        RequestBody::Streamed(incoming) => incoming,
+    };
+    let limited = Limited::new(incoming, usize::try_from(limit).unwrap_or(usize::MAX));
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {

@@ -19,19 +19,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use onedoor_config::{BackendId, Provider};
 use onedoor_usage::{Source, Tokens, UsageRecord};
 use tokio::time::Instant;
 
 use crate::auth;
-use crate::body::{full, Body};
+use crate::body::{full, Body, RequestBody};
 use crate::errors::GatewayError;
 use crate::failover::{Ending, Failover, Trail};
 use crate::pipeline;
 use crate::request::Operation;
 use crate::router::{self, Excluded, Plan};
 use crate::runtime::Runtime;
+use crate::server::OnUpgrade;
 use crate::surface::RealtimePath;
 use crate::telemetry::{Attempts, RequestSpan};
 
@@ -65,7 +65,7 @@ struct Seen {
 /// span; a refusal leaves the span to the pipeline, with the attempts in its trail.
 pub async fn open(
     runtime: &Arc<Runtime>,
-    request: Request<Incoming>,
+    request: Request<RequestBody>,
     path: RealtimePath,
     request_id: &str,
     span: &mut Option<Box<RequestSpan>>,
@@ -86,7 +86,7 @@ pub async fn open(
 
 async fn accept(
     runtime: &Arc<Runtime>,
-    mut request: Request<Incoming>,
+    mut request: Request<RequestBody>,
     path: RealtimePath,
     request_id: &str,
     seen: &mut Seen,
@@ -121,7 +121,7 @@ async fn accept(
     .await
     .map_err(|_| GatewayError::StateUnavailable)?;
     keep_realtime_capable(runtime, &mut plan);
-    let client = hyper::upgrade::on(&mut request);
+    let client = OnUpgrade::take(&mut request);
     let deadline = Instant::now() + snapshot.routing.timeouts.total;
     let failover = Failover::new(runtime, &ask.alias, alias_index, plan, deadline, 0);
     let asked = &ask;

@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
-use hyper::upgrade::OnUpgrade;
-use hyper_util::rt::TokioIo;
 use onedoor_config::Price;
 use onedoor_usage::{Source, Tokens, UsageRecord};
 use serde_json::Value;
@@ -28,6 +26,7 @@ use super::limit::Slot;
 use super::quota::Quota;
 use super::upstream::{config, UpstreamSocket};
 use crate::runtime::Runtime;
+use crate::server::OnUpgrade;
 use crate::telemetry::RequestSpan;
 
 /// The gateway's own answers to client events waiting to be sent; more are dropped (a client
@@ -245,12 +244,8 @@ impl Session {
         let mut upstream = self.upstream;
         let (end, usage) = match self.client.await {
             Ok(upgraded) => {
-                let client = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(config()),
-                )
-                .await;
+                let client =
+                    WebSocketStream::from_raw_socket(upgraded, Role::Server, Some(config())).await;
                 pump(
                     client,
                     upstream,

@@ -19,6 +19,8 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::framing::{self, wants_close, Chunked, Step};
+
 /// The connector's socket: plain TCP as it is, rustls over it boxed (a TLS session is some
 /// kilobytes that a plain connection need not carry).
 pub enum Io {
@@ -107,18 +109,6 @@ enum Framing {
     /// Until the upstream closes the connection.
     Close,
     Done,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunked {
-    /// Before a chunk-size line.
-    Size,
-    /// Inside a chunk, this many bytes left.
-    Data(u64),
-    /// After a chunk's data, before its CRLF.
-    DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailers,
 }
 
 /// An answer's body being read off its connection.
@@ -359,54 +349,19 @@ fn framing(head: &Head, head_request: bool) -> Result<Framing, String> {
     {
         return Ok(Framing::Done);
     }
-    let chunked = head
-        .headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.rsplit(',').next())
-        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-    if chunked {
+    if framing::is_chunked(&head.headers) {
         return Ok(Framing::Chunked(Chunked::Size));
     }
     if head.headers.contains_key(header::TRANSFER_ENCODING) {
         return Ok(Framing::Close);
     }
-    let mut lengths = head.headers.get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = lengths.next() else {
-        return Ok(Framing::Close);
-    };
-    let length = parse_length(first)?;
-    if lengths.any(|other| parse_length(other) != Ok(length)) {
-        return Err("the answer has differing content-length headers".into());
-    }
+    let length =
+        framing::content_length(&head.headers).map_err(|e| format!("the answer has {e}"))?;
     Ok(match length {
-        0 => Framing::Done,
-        n => Framing::Length(n),
+        None => Framing::Close,
+        Some(0) => Framing::Done,
+        Some(n) => Framing::Length(n),
     })
-}
-
-fn parse_length(value: &HeaderValue) -> Result<u64, String> {
-    value
-        .to_str()
-        .ok()
-        .and_then(|text| text.trim().parse().ok())
-        .ok_or_else(|| "the answer has an invalid content-length".to_string())
-}
-
-/// Whether these headers end the connection after this exchange.
-fn wants_close(headers: &HeaderMap, version: Version) -> bool {
-    let mut tokens = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(str::trim);
-    match version {
-        Version::HTTP_10 => !tokens.any(|t| t.eq_ignore_ascii_case("keep-alive")),
-        _ => tokens.any(|t| t.eq_ignore_ascii_case("close")),
-    }
 }
 
 /// A body's read failure.
@@ -490,104 +445,24 @@ impl Body {
             Framing::Close if buffer.is_empty() => Ok(Step::Read),
             Framing::Close => Ok(Step::Data(buffer.split().freeze())),
             Framing::Length(left) => {
-                let (bytes, left) = take(buffer, left);
+                let (bytes, left) = framing::take(buffer, left);
                 self.framing = match left {
                     0 => Framing::Done,
                     left => Framing::Length(left),
                 };
                 Ok(bytes.map_or(Step::Read, Step::Data))
             }
-            Framing::Chunked(state) => {
-                let (step, next) = chunked_step(buffer, state)?;
-                self.framing = next;
+            Framing::Chunked(mut state) => {
+                let step = framing::chunked_step(buffer, &mut state)
+                    .map_err(|e| BodyError(format!("the answer has {e}")))?;
+                self.framing = match step {
+                    Step::End => Framing::Done,
+                    _ => Framing::Chunked(state),
+                };
                 Ok(step)
             }
         }
     }
-}
-
-enum Step {
-    Data(Bytes),
-    End,
-    /// The state moved on without data; step again.
-    Continue,
-    /// More bytes are needed.
-    Read,
-}
-
-/// Up to `left` bytes from the buffer, and how many are left after them.
-fn take(buffer: &mut BytesMut, left: u64) -> (Option<Bytes>, u64) {
-    if buffer.is_empty() {
-        return (None, left);
-    }
-    let n = usize::try_from(left)
-        .unwrap_or(usize::MAX)
-        .min(buffer.len());
-    let bytes = match n == buffer.len() {
-        true => buffer.split(),
-        false => buffer.split_to(n),
-    };
-    (Some(bytes.freeze()), left - n as u64)
-}
-
-/// One step of chunked decoding.
-fn chunked_step(buffer: &mut BytesMut, state: Chunked) -> Result<(Step, Framing), BodyError> {
-    let chunked = |state| Framing::Chunked(state);
-    match state {
-        Chunked::Size => {
-            let Some(line) = take_line(buffer)? else {
-                return Ok((Step::Read, chunked(state)));
-            };
-            let size = line[..].split(|b| *b == b';').next().unwrap_or(&[]);
-            let size = std::str::from_utf8(size)
-                .ok()
-                .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
-                .ok_or_else(|| BodyError("the answer has an invalid chunk size".into()))?;
-            let next = match size {
-                0 => Chunked::Trailers,
-                n => Chunked::Data(n),
-            };
-            Ok((Step::Continue, chunked(next)))
-        }
-        Chunked::Data(left) => {
-            let (bytes, left) = take(buffer, left);
-            let next = match left {
-                0 => Chunked::DataEnd,
-                left => Chunked::Data(left),
-            };
-            Ok((bytes.map_or(Step::Read, Step::Data), chunked(next)))
-        }
-        Chunked::DataEnd => match take_line(buffer)? {
-            None => Ok((Step::Read, chunked(state))),
-            Some(line) if line.is_empty() => Ok((Step::Continue, chunked(Chunked::Size))),
-            Some(_) => Err(BodyError(
-                "the answer's chunk does not end where its size said".into(),
-            )),
-        },
-        Chunked::Trailers => match take_line(buffer)? {
-            None => Ok((Step::Read, chunked(state))),
-            Some(line) if line.is_empty() => Ok((Step::End, Framing::Done)),
-            Some(_) => Ok((Step::Continue, chunked(state))),
-        },
-    }
-}
-
-/// A line ending in CRLF (or LF) taken from the buffer, without its end.
-fn take_line(buffer: &mut BytesMut) -> Result<Option<BytesMut>, BodyError> {
-    let Some(end) = memchr::memchr(b'\n', buffer) else {
-        if buffer.len() > 4096 {
-            return Err(BodyError(
-                "the answer has a chunk line longer than 4 KiB".into(),
-            ));
-        }
-        return Ok(None);
-    };
-    let mut line = buffer.split_to(end + 1);
-    line.truncate(end);
-    if line.last() == Some(&b'\r') {
-        line.truncate(end - 1);
-    }
-    Ok(Some(line))
 }
 
 #[cfg(test)]
@@ -595,56 +470,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-
-    fn decode(framing: Framing, wire: &[u8]) -> Result<Vec<u8>, BodyError> {
-        let mut buffer = BytesMut::from(wire);
-        let mut framing = framing;
-        let mut out = Vec::new();
-        loop {
-            let step = match framing {
-                Framing::Chunked(state) => {
-                    let (step, next) = chunked_step(&mut buffer, state)?;
-                    framing = next;
-                    step
-                }
-                Framing::Length(left) => {
-                    let (bytes, left) = take(&mut buffer, left);
-                    framing = if left == 0 {
-                        Framing::Done
-                    } else {
-                        Framing::Length(left)
-                    };
-                    bytes.map_or(Step::Read, Step::Data)
-                }
-                _ => Step::End,
-            };
-            match step {
-                Step::Data(bytes) => out.extend_from_slice(&bytes),
-                Step::Continue => {}
-                Step::End => return Ok(out),
-                Step::Read => return Err(BodyError(format!("incomplete: {out:?}"))),
-            }
-        }
-    }
-
-    #[test]
-    fn chunked_bodies_decode_with_extensions_and_trailers() {
-        let wire = b"5;name=x\r\nhello\r\n7\r\n, world\r\n0\r\ntrailer: yes\r\n\r\n";
-        let body = decode(Framing::Chunked(Chunked::Size), wire).unwrap();
-        assert_eq!(body, b"hello, world");
-    }
-
-    #[test]
-    fn a_chunk_longer_than_its_size_is_an_error() {
-        let wire = b"3\r\nhello\r\n0\r\n\r\n";
-        assert!(decode(Framing::Chunked(Chunked::Size), wire).is_err());
-        assert!(decode(Framing::Chunked(Chunked::Size), b"zz\r\n").is_err());
-    }
-
-    #[test]
-    fn a_length_body_stops_at_its_length() {
-        assert_eq!(decode(Framing::Length(3), b"abcdef").unwrap(), b"abc");
-    }
 
     fn head(wire: &[u8]) -> Head {
         parse_head(&mut BytesMut::from(wire)).unwrap().unwrap()
@@ -675,19 +500,6 @@ mod tests {
                 .is_none()
         );
         assert!(parse_head(&mut BytesMut::from(&b"SSH-2.0-OpenSSH\r\n\r\n"[..])).is_err());
-    }
-
-    #[test]
-    fn close_is_read_from_either_version_s_rules() {
-        let mut headers = HeaderMap::new();
-        assert!(!wants_close(&headers, Version::HTTP_11));
-        headers.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("Keep-Alive, Close"),
-        );
-        assert!(wants_close(&headers, Version::HTTP_11));
-        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
-        assert!(!wants_close(&headers, Version::HTTP_10));
     }
 
     #[test]

@@ -1,6 +1,9 @@
-//! Listeners: accept loops serving HTTP/1.1 and h2 on the client and admin ports, with header
-//! limits, and graceful shutdown: the listener closes at once, idle keep-alive connections close,
-//! and requests under way (open streams included) finish within [`SHUTDOWN_GRACE`].
+//! Listeners: accept loops serving the client and admin ports, HTTP/1.1 on the gateway's own
+//! connection ([`http1`]) and h2 by hyper, with header and body limits; and graceful shutdown:
+//! the listener closes at once, idle keep-alive connections close, and requests under way (open
+//! streams included) finish within [`SHUTDOWN_GRACE`].
+
+pub mod http1;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,48 +12,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 
-use crate::body::Body;
+use crate::body::{Body, RequestBody};
 use crate::lanes::{Lanes, Serve};
-use crate::park::{Answer, Parking, ParkingIo};
+pub use http1::{BodyLimit, OnUpgrade};
 
-/// Request heads (request line and headers) larger than this get 431.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
-const MAX_HEADERS: usize = 128;
 /// How long shutdown waits for requests under way, streams included; connections still open
 /// after it are closed. Not configurable: it bounds how long a stop may take, whatever routing says.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-/// How connections are served: HTTP/1.1 directly when the first bytes rule h2 out, else by
-/// reading the preface first. Serving HTTP/1.1 through the preface reader costs every connection
-/// an 8 KiB read buffer: hyper gets the 24 preface bytes on a first read of their own and grows
-/// its buffer to 16 KiB to read the rest after them.
-struct Builders {
-    http1: http1::Builder,
-    auto: Builder<TokioExecutor>,
-}
-
-fn builders() -> Builders {
-    let mut http1 = http1::Builder::new();
-    http1
-        .max_buf_size(MAX_HEAD_BYTES.max(8192))
-        .max_headers(MAX_HEADERS)
-        .keep_alive(true);
-    let mut auto = Builder::new(TokioExecutor::new());
-    auto.http1()
-        .max_buf_size(MAX_HEAD_BYTES.max(8192))
-        .max_headers(MAX_HEADERS)
-        .keep_alive(true);
-    auto.http2().max_header_list_size(MAX_HEAD_BYTES as u32);
-    Builders { http1, auto }
+/// hyper's builder for h2 connections.
+fn h2_builder() -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http2()
+        .max_header_list_size(http1::MAX_HEAD_BYTES as u32);
+    builder
 }
 
 /// Serves `listener` with `handler` until `shutdown` flips, then lets open connections finish.
@@ -58,14 +42,15 @@ fn builders() -> Builders {
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
+    limit: BodyLimit,
     mut shutdown: watch::Receiver<bool>,
     lanes: Option<Arc<Lanes>>,
 ) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let open = Open::new();
-    let serve = serve_with(Arc::new(handler), &open, &shutdown);
+    let serve = serve_with(Arc::new(handler), limit, &open, &shutdown);
     loop {
         tokio::select! {
             biased;
@@ -103,18 +88,22 @@ pub async fn serve<H, F>(
 
 /// How a socket of this listener is served, wherever it runs: as a counted connection that
 /// ends early when [`Open::abort`] is called.
-fn serve_with<H, F>(handler: Arc<H>, open: &Arc<Open>, shutdown: &watch::Receiver<bool>) -> Serve
+fn serve_with<H, F>(
+    handler: Arc<H>,
+    limit: BodyLimit,
+    open: &Arc<Open>,
+    shutdown: &watch::Receiver<bool>,
+) -> Serve
 where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let builders = Arc::new(builders());
     let open = open.clone();
     let shutdown = shutdown.clone();
     Arc::new(move |stream| {
         let counted = open.enter();
         let mut aborted = open.aborted.subscribe();
-        let served = connection(stream, builders.clone(), handler.clone(), shutdown.clone());
+        let served = connection(stream, handler.clone(), limit.clone(), shutdown.clone());
         Box::pin(async move {
             tokio::select! {
                 () = served => {}
@@ -176,93 +165,43 @@ impl Drop for Counted {
     }
 }
 
-/// The h2 client preface; a connection whose first bytes may begin it is served as it comes
-/// and never parks.
+/// The h2 client preface; a connection whose first bytes may begin it is served by hyper.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Serves one accepted socket: a hyper connection once its first bytes are there, and again each
-/// time it parks (see [`crate::park`]) and its next bytes arrive. Shutdown closes it while it
-/// waits and ends a hyper connection gracefully.
+/// Serves one accepted socket once its first bytes are there: HTTP/1.1 on the gateway's own
+/// connection, h2 by hyper. Shutdown closes it while it waits.
 async fn connection<H, F>(
-    mut stream: TcpStream,
-    builders: Arc<Builders>,
+    stream: TcpStream,
     handler: Arc<H>,
+    limit: BodyLimit,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let mut head = [0u8; H2_PREFACE.len()];
     let seen = tokio::select! {
         biased;
-        _ = stopped(&mut shutdown) => return,
+        _ = shutdown.wait_for(|stop| *stop) => return,
         seen = stream.peek(&mut head) => match seen {
             Ok(0) | Err(_) => return,
             Ok(seen) => seen,
         },
     };
-    let http1 = !H2_PREFACE.starts_with(&head[..seen]);
-    let parking = Parking::new(http1);
-    loop {
-        // Boxed: the hyper connection lives in this future only while it serves; a parked
-        // connection's task then holds a few hundred bytes, not the served state's kilobytes.
-        Box::pin(serve_until_parked(
-            stream,
-            (&builders, http1),
-            &handler,
-            &parking,
-            &mut shutdown,
-        ))
-        .await;
-        let Some(parked) = parking.take_parked() else {
-            return;
-        };
-        stream = parked;
-        tokio::select! {
-            biased;
-            _ = stopped(&mut shutdown) => return,
-            ready = stream.readable() => if ready.is_err() { return },
-        }
+    if !H2_PREFACE.starts_with(&head[..seen]) {
+        // Boxed per request: the connection's own state stays a few hundred bytes while it
+        // waits between requests.
+        let boxed = |request| Box::pin(handler(request));
+        return http1::serve(stream, &boxed, &limit, &mut shutdown).await;
     }
-}
-
-async fn serve_until_parked<H, F>(
-    stream: TcpStream,
-    (builders, http1): (&Builders, bool),
-    handler: &Arc<H>,
-    parking: &Arc<Parking>,
-    shutdown: &mut watch::Receiver<bool>,
-) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-    F: Future<Output = Response<Body>> + Send + 'static,
-{
-    let handler = handler.clone();
-    let service_parking = parking.clone();
-    let service = service_fn(move |request| {
-        let request_counted = service_parking.request();
-        let parking = service_parking.clone();
-        // Boxed: hyper keeps a slot of the service future's size for every
-        // connection, idle or not, and moves the future into it per request.
-        let future = Box::pin(handler(request));
-        async move {
-            let response = future.await;
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                parking.forbid();
-            }
-            Ok::<_, Infallible>(response.map(|body| Answer::new(body, request_counted)))
-        }
+    let service = service_fn(move |request: Request<Incoming>| {
+        let answer = Box::pin(handler(request.map(RequestBody::Streamed)));
+        async move { Ok::<_, Infallible>(answer.await) }
     });
-    let io = TokioIo::new(ParkingIo::new(stream, parking.clone()));
-    if http1 {
-        let connection = builders.http1.serve_connection(io, service).with_upgrades();
-        until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
-    } else {
-        let connection = builders
-            .auto
-            .serve_connection_with_upgrades(io, service)
-            .into_owned();
-        until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
-    }
+    let connection = h2_builder()
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .into_owned();
+    until_ended(connection, |c| c.graceful_shutdown(), &mut shutdown).await;
 }
 
 /// Serves `connection` to its end; once shutdown begins, lets it finish gracefully.

@@ -1,0 +1,236 @@
+//! HTTP/1.1 message framing that both kinds of connection share: the chunked transfer coding's
+//! decoding (answers from upstreams, request bodies from clients), bodies of a known length, and
+//! when a message ends its connection.
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap, Version};
+
+/// Where the decoding of a chunked body stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunked {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk, this many bytes left.
+    Data(u64),
+    /// After a chunk's data, before its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+}
+
+/// What one decoding step gave.
+#[derive(Debug)]
+pub enum Step {
+    Data(Bytes),
+    /// The body has ended.
+    End,
+    /// The state moved on without data; step again.
+    Continue,
+    /// More bytes are needed.
+    Read,
+}
+
+/// Chunk-size and trailer lines longer than this are refused.
+const MAX_LINE: usize = 4096;
+
+/// One step of chunked decoding on what `buffer` holds; `state` moves on.
+pub fn chunked_step(buffer: &mut BytesMut, state: &mut Chunked) -> Result<Step, &'static str> {
+    match *state {
+        Chunked::Size => {
+            let Some(line) = take_line(buffer)? else {
+                return Ok(Step::Read);
+            };
+            let size = line[..].split(|b| *b == b';').next().unwrap_or(&[]);
+            let size = std::str::from_utf8(size)
+                .ok()
+                .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
+                .ok_or("an invalid chunk size")?;
+            *state = match size {
+                0 => Chunked::Trailers,
+                n => Chunked::Data(n),
+            };
+            Ok(Step::Continue)
+        }
+        Chunked::Data(left) => {
+            let (bytes, left) = take(buffer, left);
+            *state = match left {
+                0 => Chunked::DataEnd,
+                left => Chunked::Data(left),
+            };
+            Ok(bytes.map_or(Step::Read, Step::Data))
+        }
+        Chunked::DataEnd => match take_line(buffer)? {
+            None => Ok(Step::Read),
+            Some(line) if line.is_empty() => {
+                *state = Chunked::Size;
+                Ok(Step::Continue)
+            }
+            Some(_) => Err("a chunk that does not end where its size said"),
+        },
+        Chunked::Trailers => match take_line(buffer)? {
+            None => Ok(Step::Read),
+            Some(line) if line.is_empty() => Ok(Step::End),
+            Some(_) => Ok(Step::Continue),
+        },
+    }
+}
+
+/// Up to `left` bytes from the buffer, and how many are left after them.
+pub fn take(buffer: &mut BytesMut, left: u64) -> (Option<Bytes>, u64) {
+    if buffer.is_empty() {
+        return (None, left);
+    }
+    let n = usize::try_from(left)
+        .unwrap_or(usize::MAX)
+        .min(buffer.len());
+    let bytes = match n == buffer.len() {
+        true => buffer.split(),
+        false => buffer.split_to(n),
+    };
+    (Some(bytes.freeze()), left - n as u64)
+}
+
+/// A line ending in CRLF (or LF) taken from the buffer, without its end.
+fn take_line(buffer: &mut BytesMut) -> Result<Option<BytesMut>, &'static str> {
+    let Some(end) = memchr::memchr(b'\n', buffer) else {
+        if buffer.len() > MAX_LINE {
+            return Err("a chunk line longer than 4 KiB");
+        }
+        return Ok(None);
+    };
+    let mut line = buffer.split_to(end + 1);
+    line.truncate(end);
+    if line.last() == Some(&b'\r') {
+        line.truncate(end - 1);
+    }
+    Ok(Some(line))
+}
+
+/// Whether a message with these headers ends its connection after this exchange.
+pub fn wants_close(headers: &HeaderMap, version: Version) -> bool {
+    let mut tokens = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim);
+    match version {
+        Version::HTTP_10 => !tokens.any(|t| t.eq_ignore_ascii_case("keep-alive")),
+        _ => tokens.any(|t| t.eq_ignore_ascii_case("close")),
+    }
+}
+
+/// Whether the last transfer coding these headers name is `chunked`.
+pub fn is_chunked(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// The one `content-length` these headers give (repeats must agree); `Ok(None)` without one.
+pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    let Some(first) = lengths.next() else {
+        return Ok(None);
+    };
+    let parse = |value: &http::HeaderValue| {
+        value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .ok_or("an invalid content-length")
+    };
+    let length = parse(first)?;
+    for other in lengths {
+        if parse(other)? != length {
+            return Err("differing content-length headers");
+        }
+    }
+    Ok(Some(length))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use http::HeaderValue;
+
+    use super::*;
+
+    fn decode(wire: &[u8]) -> Result<Vec<u8>, &'static str> {
+        let mut buffer = BytesMut::from(wire);
+        let mut state = Chunked::Size;
+        let mut out = Vec::new();
+        loop {
+            match chunked_step(&mut buffer, &mut state)? {
+                Step::Data(bytes) => out.extend_from_slice(&bytes),
+                Step::Continue => {}
+                Step::End => return Ok(out),
+                Step::Read => return Err("incomplete"),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_with_extensions_and_trailers() {
+        let wire = b"5;name=x\r\nhello\r\n7\r\n, world\r\n0\r\ntrailer: yes\r\n\r\n";
+        assert_eq!(decode(wire).unwrap(), b"hello, world");
+    }
+
+    #[test]
+    fn a_chunk_longer_than_its_size_is_an_error() {
+        assert!(decode(b"3\r\nhello\r\n0\r\n\r\n").is_err());
+        assert!(decode(b"zz\r\n").is_err());
+        assert!(decode(&[b'1'; 5000]).is_err());
+    }
+
+    #[test]
+    fn a_length_body_stops_at_its_length() {
+        let mut buffer = BytesMut::from(&b"abcdef"[..]);
+        let (bytes, left) = take(&mut buffer, 3);
+        assert_eq!(&bytes.unwrap()[..], b"abc");
+        assert_eq!(left, 0);
+        assert_eq!(&buffer[..], b"def");
+    }
+
+    #[test]
+    fn close_is_read_from_either_version_s_rules() {
+        let mut headers = HeaderMap::new();
+        assert!(!wants_close(&headers, Version::HTTP_11));
+        assert!(wants_close(&headers, Version::HTTP_10));
+        headers.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Keep-Alive, Close"),
+        );
+        assert!(wants_close(&headers, Version::HTTP_11));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        assert!(!wants_close(&headers, Version::HTTP_10));
+    }
+
+    #[test]
+    fn lengths_must_agree_and_the_last_coding_says_chunked() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(content_length(&headers), Ok(None));
+        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
+        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static(" 12"));
+        assert_eq!(content_length(&headers), Ok(Some(12)));
+        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("13"));
+        assert!(content_length(&headers).is_err());
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("-1"));
+        assert!(content_length(&headers).is_err());
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("gzip, chunked"),
+        );
+        assert!(is_chunked(&headers));
+        headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked, gzip"),
+        );
+        assert!(!is_chunked(&headers));
+    }
+}
