@@ -11,7 +11,7 @@
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use hyper_rustls::MaybeHttpsStream;
@@ -323,15 +323,22 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    // Header values stay in the bytes read: their ranges now, their slices once the head is taken.
+    let start = buffer.as_ptr() as usize;
+    let mut fields = Vec::with_capacity(parsed.headers.len());
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes())
             .map_err(|_| format!("the answer has an invalid header name {:?}", field.name))?;
-        let value = HeaderValue::from_bytes(field.value)
+        let at = field.value.as_ptr() as usize - start;
+        fields.push((name, at..at + field.value.len()));
+    }
+    let head = buffer.split_to(length).freeze();
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
+        let value = HeaderValue::from_maybe_shared(head.slice(value))
             .map_err(|_| format!("the answer's {name} header has an invalid value"))?;
         headers.append(name, value);
     }
-    buffer.advance(length);
     Ok(Some(Head {
         status,
         version,
