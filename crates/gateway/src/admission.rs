@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
@@ -52,14 +52,28 @@ impl RateHeaders {
         const LIMIT_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-limit-tokens");
         const REMAINING_TOKENS: HeaderName =
             HeaderName::from_static("x-ratelimit-remaining-tokens");
-        let pairs = [
-            (self.requests, LIMIT_REQUESTS, REMAINING_REQUESTS),
-            (self.tokens, LIMIT_TOKENS, REMAINING_TOKENS),
+        let named = [
+            (LIMIT_REQUESTS, self.requests.map(|(cap, _)| cap)),
+            (REMAINING_REQUESTS, self.requests.map(|(_, left)| left)),
+            (LIMIT_TOKENS, self.tokens.map(|(cap, _)| cap)),
+            (REMAINING_TOKENS, self.tokens.map(|(_, left)| left)),
         ];
-        for (pair, limit, remaining) in pairs {
-            if let Some((cap, left)) = pair {
-                headers.insert(limit, cap.into());
-                headers.insert(remaining, left.into());
+        // One buffer holds the numbers, each header value a slice of it: one allocation.
+        let mut digits = bytes::BytesMut::with_capacity(80);
+        let mut ends = [0; 4];
+        for ((_, number), end) in named.iter().zip(&mut ends) {
+            if let Some(number) = number {
+                digits.extend_from_slice(itoa::Buffer::new().format(*number).as_bytes());
+            }
+            *end = digits.len();
+        }
+        let digits = digits.freeze();
+        let mut start = 0;
+        for ((name, number), end) in named.into_iter().zip(ends) {
+            let value = digits.slice(start..end);
+            start = end;
+            if let (Some(_), Ok(value)) = (number, HeaderValue::from_maybe_shared(value)) {
+                headers.insert(name, value);
             }
         }
     }

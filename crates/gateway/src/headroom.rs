@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use onedoor_config::{Backend, Limits};
 use onedoor_state::{Ask, Charge, Detached, MeterKey, MeterLimits, MeterUsage, Settlement, Store};
 
@@ -96,7 +96,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn header_number(headers: &HeaderMap, name: &str) -> Option<u64> {
+fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     let value = headers
         .get(name)?
         .to_str()
@@ -195,8 +195,10 @@ impl Load {
 
     /// Reads `x-ratelimit-remaining-requests` / `-tokens` from an upstream answer.
     pub fn observe(&self, headers: &HeaderMap, now_ms: u64) {
-        let requests = header_number(headers, "x-ratelimit-remaining-requests");
-        let tokens = header_number(headers, "x-ratelimit-remaining-tokens");
+        const REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
+        const TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
+        let requests = header_number(headers, &REQUESTS);
+        let tokens = header_number(headers, &TOKENS);
         if requests.is_some() || tokens.is_some() {
             *lock(&self.remaining) = Remaining {
                 requests,

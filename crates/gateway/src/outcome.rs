@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 use serde::Deserialize;
 
 use crate::upstream::Failure;
@@ -90,18 +90,19 @@ fn status_verdict(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdi
 
 /// `retry-after-ms` when present (it is the precise one), else `retry-after` in seconds.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let header = |name: &str| {
+    const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+    let header = |name: HeaderName| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    if let Some(ms) = header("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
+    if let Some(ms) = header(RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok()) {
         if ms.is_finite() && ms >= 0.0 {
             return Some(Duration::from_millis(ms.ceil() as u64));
         }
     }
-    header("retry-after")
+    header(http::header::RETRY_AFTER)
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_secs)
 }

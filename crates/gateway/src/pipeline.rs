@@ -67,7 +67,7 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
         Ok(response) => response,
         Err(error) => error.into_response_in(surface::dialect_of(&path)),
     };
-    let mut response = decorate(response, &id, &exchange, &runtime.snapshot);
+    let mut response = decorate(response, &id, &exchange, &runtime);
     observe(&runtime, &id, &mut exchange, &mut response, started).await;
     let entered = exchange.entered.take();
     let response = match (&exchange.tenant, &exchange.key_id) {
@@ -159,13 +159,8 @@ fn request_id() -> String {
     let millis = u128::from(onedoor_usage::now_ms() & ((1 << 48) - 1));
     let random = rand::random::<u128>() & ((1 << 80) - 1);
     let id = (millis << 80) | random;
-    (0..32)
-        .rev()
-        .map(|digit| HEX[((id >> (4 * digit)) & 0xf) as usize] as char)
-        .collect()
+    hex::encode(id.to_be_bytes())
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 async fn serve(
     runtime: &Arc<Runtime>,
@@ -622,7 +617,7 @@ fn decorate(
     mut response: Response<Body>,
     id: &str,
     exchange: &Exchange,
-    snapshot: &Snapshot,
+    runtime: &Runtime,
 ) -> Response<Body> {
     const REQUEST_ID: HeaderName = HeaderName::from_static("x-onedoor-request-id");
     const ATTEMPTS: HeaderName = HeaderName::from_static("x-onedoor-attempts");
@@ -636,9 +631,14 @@ fn decorate(
     };
     put(REQUEST_ID, id);
     put(ATTEMPTS, &exchange.trail.header());
-    if let Some(backend) = exchange.backend.and_then(|b| snapshot.backends.get(b)) {
-        put(BACKEND, &backend.name);
-        put(REGION, &backend.region);
+    let answered_by = exchange.backend.and_then(|b| runtime.answered_by.get(b));
+    for (name, value) in [BACKEND, REGION]
+        .into_iter()
+        .zip(answered_by.into_iter().flatten())
+    {
+        if let Some(value) = value {
+            headers.insert(name, value.clone());
+        }
     }
     if let Some(limits) = &exchange.limits {
         limits.insert(headers);

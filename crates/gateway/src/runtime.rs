@@ -21,6 +21,8 @@ pub struct Runtime {
     pub snapshot: Arc<Snapshot>,
     pub clients: Vec<LaneClients>,
     pub credentials: Vec<Option<(&'static str, HeaderValue)>>,
+    /// Each backend's `x-onedoor-backend` and `x-onedoor-region` values, made once.
+    pub answered_by: Vec<[Option<HeaderValue>; 2]>,
     /// One counter per alias (same index as `snapshot.aliases`), the last one for `"*"`.
     turns: Vec<AtomicU64>,
     /// The shared state: not-served cache, cooldowns, breaker records, meters.
@@ -48,6 +50,11 @@ impl Runtime {
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<Store>) -> Self {
         let clients = snapshot.backends.iter().map(LaneClients::new).collect();
         let credentials = snapshot.backends.iter().map(provider::credential).collect();
+        let answered_by = snapshot
+            .backends
+            .iter()
+            .map(|b| [&b.name, &b.region].map(|v| HeaderValue::from_str(v).ok()))
+            .collect();
         let turns = (0..=snapshot.aliases.len())
             .map(|_| AtomicU64::new(0))
             .collect();
@@ -66,6 +73,7 @@ impl Runtime {
             snapshot,
             clients,
             credentials,
+            answered_by,
             turns,
             state,
             loads,

@@ -337,31 +337,41 @@ impl Estimator {
 mod recent {
     use std::cell::RefCell;
     use std::collections::HashMap;
-    use std::hash::{Hash, Hasher};
+    use std::hash::BuildHasher;
 
     use super::Encoding;
 
     /// Past this many texts the memory starts over.
     const TEXTS: usize = 4096;
 
+    /// The texts' hashes (seeded at random per thread, so texts cannot be made to collide on
+    /// purpose) and their counts.
+    struct Counts {
+        seed: foldhash::fast::RandomState,
+        counts: HashMap<u64, u64, foldhash::fast::RandomState>,
+    }
+
     thread_local! {
-        static COUNTS: RefCell<HashMap<u64, u64>> = RefCell::new(HashMap::new());
+        static COUNTS: RefCell<Counts> = RefCell::new(Counts {
+            seed: foldhash::fast::RandomState::default(),
+            counts: HashMap::default(),
+        });
     }
 
     pub fn count(encoding: Encoding, text: &str, count: impl FnOnce(&str) -> u64) -> u64 {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        (encoding as u8).hash(&mut hasher);
-        text.hash(&mut hasher);
-        let key = hasher.finish();
-        if let Some(known) = COUNTS.with_borrow(|counts| counts.get(&key).copied()) {
+        let (key, known) = COUNTS.with_borrow(|c| {
+            let key = c.seed.hash_one((encoding as u8, text));
+            (key, c.counts.get(&key).copied())
+        });
+        if let Some(known) = known {
             return known;
         }
         let counted = count(text);
-        COUNTS.with_borrow_mut(|counts| {
-            if counts.len() >= TEXTS {
-                counts.clear();
+        COUNTS.with_borrow_mut(|c| {
+            if c.counts.len() >= TEXTS {
+                c.counts.clear();
             }
-            counts.insert(key, counted);
+            c.counts.insert(key, counted);
         });
         counted
     }

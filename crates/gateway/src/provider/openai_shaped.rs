@@ -6,7 +6,10 @@
 
 use std::borrow::Cow;
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
+use memchr::memmem::{Finder, FinderRev};
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -359,9 +362,12 @@ impl<'de: 'a, 'a> Deserialize<'de> for PassingChoices<'a> {
     }
 }
 
-/// A whole `chat.completion` with the same repairs, its usage, and the characters of its
-/// answer (for an estimate when it carries no usage).
+/// A whole `chat.completion` with the same repairs, its usage, and, when it carries none, the
+/// characters of its answer (for an estimate; 0 beside a usage).
 pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
+    if let Some(usage) = trailing_usage(&body) {
+        return (body, Some(usage), 0);
+    }
     if let Some((usage, chars)) = plain_completion(&body) {
         return (body, usage, chars);
     }
@@ -392,6 +398,35 @@ pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
         true => (Bytes::from(value.to_string()), usage, chars),
         false => (body, usage, chars),
     }
+}
+
+/// The usage of a completion that needs no repair, read from its last member alone: OpenAI and
+/// Azure end a completion with `"usage":{...}}`, and its content-filter annotations and text
+/// need not be walked to find it. Without tool calls nothing is repaired, and with the usage
+/// the answer's characters are not needed. `None` whenever that cannot be told for sure
+/// (`"tool_calls"` anywhere, no `"usage"` key ending the top-level object), and the whole body
+/// is read instead.
+///
+/// Why the match is the top-level member: inside a JSON string a quote is escaped, so the bytes
+/// `"usage"` there would end in `\"`; a match whose first quote is escaped is refused; and a
+/// `usage` object followed by a single `}` and the end is a member of the outermost object.
+fn trailing_usage(body: &[u8]) -> Option<Usage> {
+    static TOOL_CALLS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"tool_calls\""));
+    static USAGE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\"usage\""));
+    if TOOL_CALLS.find(body).is_some() {
+        return None;
+    }
+    let key = USAGE.rfind(body)?;
+    if key == 0 || body[key - 1] == b'\\' {
+        return None;
+    }
+    let value = body[key + b"\"usage\"".len()..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?;
+    let mut read = serde_json::Deserializer::from_slice(value).into_iter::<PlainUsage>();
+    let usage = read.next()?.ok()?;
+    let after = value.get(read.byte_offset()..)?;
+    (after.trim_ascii() == b"}").then(|| usage.usage())?
 }
 
 /// A chat completion as far as [`completion`] reads it, borrowed from the body: anything else
@@ -488,7 +523,10 @@ mod tests {
             usage.completion_tokens,
             usage.cached_tokens,
         );
-        assert_eq!((read, chars), ((5, 2, 1), 5));
+        assert_eq!((read, chars), ((5, 2, 1), 0), "characters are not counted beside a usage");
+        let unmeasured = br#"{"choices":[{"message":{"content":"h\u00e9llo"}}]}"#;
+        let (_, usage, chars) = completion(Bytes::from_static(unmeasured));
+        assert_eq!((usage.is_none(), chars), (true, 5));
         let with_tools = br#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"a","function":{"name":"f","arguments":{"x":1}}}]},"finish_reason":"stop"}]}"#;
         assert!(plain_completion(with_tools).is_none());
         let (repaired, _, _) = completion(Bytes::from_static(with_tools));
@@ -497,6 +535,77 @@ mod tests {
             repaired.contains(r#""finish_reason":"tool_calls""#),
             "{repaired}"
         );
+    }
+
+    fn tokens(usage: Option<Usage>) -> Option<(u64, u64, u64)> {
+        usage.map(|u| (u.prompt_tokens, u.completion_tokens, u.cached_tokens))
+    }
+
+    #[test]
+    fn the_usage_ending_a_completion_is_read_from_there_and_only_when_it_ends_it() {
+        let body = br#"{"choices":[{"message":{"content":"say \"usage\":{\"prompt_tokens\":99}}"},"content_filter_results":{"hate":{"filtered":false}}}],"usage":{"prompt_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1},"completion_tokens_details":{"reasoning_tokens":0}} }"#;
+        assert_eq!(tokens(trailing_usage(body)), Some((5, 2, 1)));
+        let elsewhere: [&[u8]; 5] = [
+            br#"{"x":{"usage":{"prompt_tokens":9}}}"#,
+            br#"{"usage":{"prompt_tokens":9},"id":"a"}"#,
+            br#"{"a \"usage":{"prompt_tokens":9}}"#,
+            br#"{"choices":[{"message":{"tool_calls":null}}],"usage":{"prompt_tokens":9}}"#,
+            br#"{"usage":null}"#,
+        ];
+        for body in elsewhere {
+            assert!(
+                trailing_usage(body).is_none(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let (_, usage, _) = completion(Bytes::from_static(elsewhere[1]));
+        assert_eq!(tokens(usage), Some((9, 0, 0)));
+        let (_, usage, _) = completion(Bytes::from_static(elsewhere[2]));
+        assert_eq!(tokens(usage), None);
+    }
+
+    #[test]
+    fn the_usage_read_from_the_end_is_the_one_the_whole_body_carries() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let texts = [
+            "hi",
+            r#"\"usage\":{\"prompt_tokens\":1}}"#,
+            "usage",
+            "}",
+            r#"\\"#,
+            "é",
+        ];
+        for _ in 0..500 {
+            let text = texts[rng.random_range(0..texts.len())];
+            let (prompt, completion_tokens) =
+                (rng.random_range(0..1000), rng.random_range(0..1000));
+            let usage =
+                format!(r#"{{"prompt_tokens":{prompt},"completion_tokens":{completion_tokens}}}"#);
+            let members = [
+                format!(r#""choices":[{{"message":{{"content":"{text}"}}}}]"#),
+                format!(r#""usage":{usage}"#),
+                r#""id":"x""#.to_owned(),
+                r#""nested":{"usage":{"prompt_tokens":7}}"#.to_owned(),
+            ];
+            let mut order: Vec<&String> = members.iter().collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.random_range(0..=i));
+            }
+            let joined: Vec<&str> = order.iter().map(|m| m.as_str()).collect();
+            let body = format!("{{{}}}", joined.join(","));
+            let whole = serde_json::from_str::<Value>(&body).unwrap();
+            let carried = Usage::from_openai(&whole["usage"]);
+            if let Some(read) = trailing_usage(body.as_bytes()) {
+                assert_eq!(tokens(Some(read)), tokens(carried), "{body}");
+            }
+            assert_eq!(
+                tokens(completion(Bytes::from(body.clone())).1),
+                tokens(carried),
+                "{body}"
+            );
+        }
     }
 
     #[test]

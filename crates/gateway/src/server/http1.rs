@@ -549,9 +549,9 @@ thread_local! {
 /// values and the target stay in the bytes read (no copies).
 fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
     let bad = StatusCode::BAD_REQUEST;
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut slots);
-    let length = match parsed.parse(buffer) {
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let length = match parsed.parse_with_uninit_headers(buffer, &mut slots) {
         Ok(httparse::Status::Complete(length)) if length <= MAX_HEAD_BYTES => length,
         Ok(httparse::Status::Partial) => return Ok(None),
         Ok(httparse::Status::Complete(_)) | Err(httparse::Error::TooManyHeaders) => {
@@ -572,8 +572,10 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         _ => Version::HTTP_11,
     };
     let mut fields: Vec<(HeaderName, Range<usize>)> = Vec::with_capacity(parsed.headers.len());
+    let mut framed = false;
     for field in parsed.headers.iter() {
         let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| bad)?;
+        framed |= name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING;
         fields.push((name, within(field.value)));
     }
     let head = buffer.split_to(length).freeze();
@@ -583,7 +585,10 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         let value = HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| bad)?;
         headers.append(name, value);
     }
-    let framing = body_framing(&headers).ok_or(bad)?;
+    let framing = match framed {
+        true => body_framing(&headers).ok_or(bad)?,
+        false => Framing::Length(0),
+    };
     Ok(Some(Head {
         method,
         uri,

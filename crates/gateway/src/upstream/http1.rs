@@ -308,9 +308,13 @@ struct Head {
 
 /// Parses an answer head at the buffer's start and consumes it; `None` until it is whole.
 fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut slots);
-    let length = match parsed.parse(buffer) {
+    if buffer.is_empty() {
+        return Ok(None);
+    }
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let parse = httparse::ParserConfig::default();
+    let length = match parse.parse_response_with_uninit_headers(&mut parsed, buffer, &mut slots) {
         Ok(httparse::Status::Complete(length)) => length,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(e) => return Err(format!("the answer is not HTTP/1.1: {e}")),
