@@ -127,6 +127,8 @@ pub struct Metrics {
     malformed: Family<BackendLabels, Counter>,
     /// The same answers, tokens and cost as totals over time, for the dashboard.
     pub activity: std::sync::Arc<crate::activity::Activity>,
+    /// Tells this gateway's metrics from another's in a thread's [`recent`] series.
+    id: u64,
 }
 
 /// A request counted in its tenant's in-flight gauge until dropped (a stream's at its end).
@@ -170,6 +172,7 @@ impl Metrics {
             malformed: Family::default(),
             activity: std::sync::Arc::default(),
             registry: Registry::default(),
+            id: recent::new_owner(),
         };
         let m = &metrics;
         let r = &mut registry;
@@ -268,25 +271,54 @@ impl Metrics {
 
     /// A request of `tenant` begins; it counts in flight until the guard is dropped.
     pub fn enter(&self, tenant: &str) -> Entered {
-        let gauge = self
-            .tenant_in_flight
-            .get_or_create(&TenantLabel {
-                tenant: tenant.to_owned(),
-            })
-            .clone();
+        let mut gauge = None;
+        recent::with(self.id, |r| {
+            gauge = Some(
+                r.in_flight
+                    .find(
+                        |l| l.tenant == tenant,
+                        || {
+                            let labels = TenantLabel {
+                                tenant: tenant.to_owned(),
+                            };
+                            let gauge = self.tenant_in_flight.get_or_create(&labels).clone();
+                            (labels, gauge)
+                        },
+                    )
+                    .clone(),
+            )
+        });
+        // `with` runs its closure exactly once: the gauge is always there.
+        let gauge = gauge.unwrap_or_default();
         gauge.inc();
         Entered(gauge)
     }
 
     /// A request whose response head is ready.
     pub fn answered(&self, tenant: &str, alias: &str, status: u16, code: Option<&str>) {
-        let labels = RequestLabels {
-            tenant: tenant.to_owned(),
-            alias: alias.to_owned(),
-            status,
-            code: code.unwrap_or("-").to_owned(),
-        };
-        self.requests.get_or_create(&labels).inc();
+        let code_label = code.unwrap_or("-");
+        recent::with(self.id, |r| {
+            r.requests
+                .find(
+                    |l| {
+                        l.status == status
+                            && l.tenant == tenant
+                            && l.alias == alias
+                            && l.code == code_label
+                    },
+                    || {
+                        let labels = RequestLabels {
+                            tenant: tenant.to_owned(),
+                            alias: alias.to_owned(),
+                            status,
+                            code: code_label.to_owned(),
+                        };
+                        let counter = self.requests.get_or_create(&labels).clone();
+                        (labels, counter)
+                    },
+                )
+                .inc();
+        });
         if let Some(kind) = code.and_then(limit_kind) {
             self.rejections.get_or_create(&KindLabel { kind }).inc();
         }
@@ -295,11 +327,21 @@ impl Metrics {
     /// Every upstream attempt of a request, as `x-onedoor-attempts` lists them.
     pub fn attempted(&self, attempts: &[(String, String)]) {
         for (backend, outcome) in attempts {
-            let labels = AttemptLabels {
-                backend: backend.clone(),
-                outcome: outcome.clone(),
-            };
-            self.attempts.get_or_create(&labels).inc();
+            recent::with(self.id, |r| {
+                r.attempts
+                    .find(
+                        |l| l.backend == *backend && l.outcome == *outcome,
+                        || {
+                            let labels = AttemptLabels {
+                                backend: backend.clone(),
+                                outcome: outcome.clone(),
+                            };
+                            let counter = self.attempts.get_or_create(&labels).clone();
+                            (labels, counter)
+                        },
+                    )
+                    .inc();
+            });
         }
     }
 
@@ -315,19 +357,35 @@ impl Metrics {
         self.activity
             .finished(tokens.input, tokens.output, record.cost_usd);
         let source = record.tokens.source.as_str();
+        let (tenant, alias) = (record.tenant.as_str(), record.alias.as_str());
         for (kind, count) in [
             ("input", record.tokens.input),
             ("output", record.tokens.output),
             ("cached", record.tokens.cached),
         ] {
             if count > 0 {
-                let labels = TokenLabels {
-                    tenant: record.tenant.clone(),
-                    alias: record.alias.clone(),
-                    kind,
-                    source,
-                };
-                self.tokens.get_or_create(&labels).inc_by(count);
+                recent::with(self.id, |r| {
+                    r.tokens
+                        .find(
+                            |l| {
+                                l.kind == kind
+                                    && l.source == source
+                                    && l.tenant == tenant
+                                    && l.alias == alias
+                            },
+                            || {
+                                let labels = TokenLabels {
+                                    tenant: tenant.to_owned(),
+                                    alias: alias.to_owned(),
+                                    kind,
+                                    source,
+                                };
+                                let counter = self.tokens.get_or_create(&labels).clone();
+                                (labels, counter)
+                            },
+                        )
+                        .inc_by(count);
+                });
             }
         }
         if record.cost_usd > 0.0 {
@@ -337,14 +395,25 @@ impl Metrics {
             };
             self.cost.get_or_create(&labels).inc_by(record.cost_usd);
         }
-        let alias = AliasLabel {
-            alias: record.alias.clone(),
-        };
         let seconds = |ms: u64| ms as f64 / 1000.0;
-        self.duration
-            .get_or_create(&alias)
-            .observe(seconds(record.duration_ms));
+        recent::with(self.id, |r| {
+            r.durations
+                .find(
+                    |l| l.alias == alias,
+                    || {
+                        let labels = AliasLabel {
+                            alias: alias.to_owned(),
+                        };
+                        let histogram = self.duration.get_or_create(&labels).clone();
+                        (labels, histogram)
+                    },
+                )
+                .observe(seconds(record.duration_ms));
+        });
         if let (true, Some(ttft)) = (record.stream, record.ttft_ms) {
+            let alias = AliasLabel {
+                alias: record.alias.clone(),
+            };
             self.ttft.get_or_create(&alias).observe(seconds(ttft));
             if record.tokens.output > 0 {
                 let after = record.duration_ms.saturating_sub(ttft);
@@ -473,5 +542,151 @@ fn limit_kind(code: &str) -> Option<&'static str> {
         "gateway_overloaded" => Some("gateway"),
         "request_too_large" => Some("body_size"),
         _ => None,
+    }
+}
+
+/// The series each thread bumped last, found by comparing labels rather than building and
+/// hashing a label set per request (each `get_or_create` allocated the label strings and took
+/// the family's lock): a request's series are nearly always among the last few of its lane.
+mod recent {
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::gauge::Gauge;
+    use prometheus_client::metrics::histogram::Histogram;
+
+    use super::{AliasLabel, AttemptLabels, RequestLabels, TenantLabel, TokenLabels};
+
+    /// Series kept per family and thread.
+    const KEPT: usize = 8;
+
+    #[derive(Default)]
+    pub struct Recent {
+        /// The [`super::Metrics`] these series belong to.
+        owner: u64,
+        pub requests: Ring<RequestLabels, Counter>,
+        pub attempts: Ring<AttemptLabels, Counter>,
+        pub tokens: Ring<TokenLabels, Counter>,
+        pub durations: Ring<AliasLabel, Histogram>,
+        pub in_flight: Ring<TenantLabel, Gauge>,
+    }
+
+    pub struct Ring<L, M> {
+        series: Vec<(L, M)>,
+        next: usize,
+    }
+
+    impl<L, M> Default for Ring<L, M> {
+        fn default() -> Self {
+            Ring {
+                series: Vec::new(),
+                next: 0,
+            }
+        }
+    }
+
+    impl<L, M> Ring<L, M> {
+        /// The series whose labels `matches`, or the one `create` makes (and keeps).
+        pub fn find(
+            &mut self,
+            matches: impl Fn(&L) -> bool,
+            create: impl FnOnce() -> (L, M),
+        ) -> &M {
+            let at = match self.series.iter().position(|(labels, _)| matches(labels)) {
+                Some(at) => at,
+                None if self.series.len() < KEPT => {
+                    self.series.push(create());
+                    self.series.len() - 1
+                }
+                None => {
+                    let at = self.next;
+                    self.series[at] = create();
+                    self.next = (at + 1) % KEPT;
+                    at
+                }
+            };
+            &self.series[at].1
+        }
+    }
+
+    thread_local! {
+        static RECENT: RefCell<Recent> = RefCell::new(Recent::default());
+    }
+
+    /// A new owner id for a [`super::Metrics`].
+    pub fn new_owner() -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Runs `f` on this thread's series of `owner` (those of another owner are dropped first);
+    /// on series of its own while the thread's cannot be had (its end, or a nested call).
+    pub fn with(owner: u64, f: impl FnOnce(&mut Recent)) {
+        let mut f = Some(f);
+        let _ = RECENT.try_with(|recent| {
+            if let Ok(mut recent) = recent.try_borrow_mut() {
+                if recent.owner != owner {
+                    *recent = Recent {
+                        owner,
+                        ..Recent::default()
+                    };
+                }
+                if let Some(f) = f.take() {
+                    f(&mut recent);
+                }
+            }
+        });
+        if let Some(f) = f {
+            f(&mut Recent::default());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn text(metrics: &Metrics) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &metrics.registry).unwrap();
+        out
+    }
+
+    fn requests(text: &str, tenant: &str) -> String {
+        let series = format!(
+            "onedoor_requests_total{{tenant=\"{tenant}\",alias=\"a\",status=\"200\",code=\"-\"}} "
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .unwrap_or("none")
+            .to_owned()
+    }
+
+    #[test]
+    fn series_remembered_by_a_thread_count_for_their_own_gateway_and_labels() {
+        let (first, second) = (Metrics::new(), Metrics::new());
+        for _ in 0..3 {
+            first.answered("t", "a", 200, None);
+        }
+        second.answered("t", "a", 200, None);
+        first.answered("t", "a", 200, None);
+        for tenant in 0..20 {
+            for _ in 0..=tenant % 3 {
+                first.answered(&format!("t{tenant}"), "a", 200, None);
+            }
+        }
+        first.answered("t", "a", 200, None);
+        let (first, second) = (text(&first), text(&second));
+        assert_eq!(requests(&first, "t"), "5");
+        assert_eq!(requests(&second, "t"), "1");
+        for tenant in 0..20 {
+            assert_eq!(
+                requests(&first, &format!("t{tenant}")),
+                (tenant % 3 + 1).to_string()
+            );
+        }
     }
 }

@@ -523,7 +523,11 @@ mod tests {
             usage.completion_tokens,
             usage.cached_tokens,
         );
-        assert_eq!((read, chars), ((5, 2, 1), 0), "characters are not counted beside a usage");
+        assert_eq!(
+            (read, chars),
+            ((5, 2, 1), 0),
+            "characters are not counted beside a usage"
+        );
         let unmeasured = br#"{"choices":[{"message":{"content":"h\u00e9llo"}}]}"#;
         let (_, usage, chars) = completion(Bytes::from_static(unmeasured));
         assert_eq!((usage.is_none(), chars), (true, 5));
