@@ -4,13 +4,16 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Response, StatusCode};
 
 use crate::body::{full, Body};
 use crate::messages;
 use crate::surface::Dialect;
 
 /// An error the gateway answers with; each variant is one code of the contract's error table.
+/// `x-onedoor-error`: the error code of an answer the gateway refused or could not complete.
+pub const ERROR_HEADER: HeaderName = HeaderName::from_static("x-onedoor-error");
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     #[error("{0}")]
@@ -165,7 +168,7 @@ impl GatewayError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        headers.insert("x-onedoor-error", HeaderValue::from_static(self.code()));
+        headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         if let Some(wait) = self.retry_after() {
             insert_retry_after(headers, wait);
         }

@@ -111,7 +111,7 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
 fn error_code(response: &Response<Body>) -> Option<&str> {
     response
         .headers()
-        .get("x-onedoor-error")
+        .get(crate::errors::ERROR_HEADER)
         .and_then(|v| v.to_str().ok())
 }
 
@@ -551,15 +551,17 @@ fn respond(
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    // Room for every header the answer leaves with (see `decorate`), so the map grows once.
+    headers.reserve(12);
     if let Some(content_type) = content_type {
         headers.insert(header::CONTENT_TYPE, content_type);
     }
-    headers.insert(
-        "x-onedoor-usage",
-        HeaderValue::from_static(usage.source.as_str()),
-    );
+    headers.insert(USAGE, HeaderValue::from_static(usage.source.as_str()));
     response
 }
+
+/// `x-onedoor-usage`: whether the answer's usage was measured or estimated.
+const USAGE: HeaderName = HeaderName::from_static("x-onedoor-usage");
 
 /// The response head of an SSE stream to the caller. Its usage is known only when it ends (a
 /// final SSE comment tells it): `x-onedoor-usage: measured` is sent up front only when the
@@ -572,7 +574,7 @@ fn stream_response(body: Body, dialect: Dialect, measured: bool) -> Response<Bod
     let mut response = Response::new(body);
     let headers = response.headers_mut();
     if measured {
-        headers.insert("x-onedoor-usage", HeaderValue::from_static("measured"));
+        headers.insert(USAGE, HeaderValue::from_static("measured"));
     }
     headers.insert(
         header::CONTENT_TYPE,

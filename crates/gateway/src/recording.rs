@@ -113,7 +113,7 @@ pub fn hand_off(
     pending.span = ended.span.take();
     pending.error = response
         .headers()
-        .get("x-onedoor-error")
+        .get(crate::errors::ERROR_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     if !stream {
