@@ -194,6 +194,16 @@ async fn connection<H, F>(
         let boxed = |request| Box::pin(handler(request));
         return http1::serve(stream, &boxed, &limit, &mut shutdown).await;
     }
+    // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.
+    Box::pin(h2(stream, handler, &mut shutdown)).await;
+}
+
+/// Serves an h2 connection with hyper.
+async fn h2<H, F>(stream: TcpStream, handler: Arc<H>, shutdown: &mut watch::Receiver<bool>)
+where
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
     let service = service_fn(move |request: Request<Incoming>| {
         let answer = Box::pin(handler(request.map(RequestBody::Streamed)));
         async move { Ok::<_, Infallible>(answer.await) }
@@ -201,7 +211,7 @@ async fn connection<H, F>(
     let connection = h2_builder()
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
-    until_ended(connection, |c| c.graceful_shutdown(), &mut shutdown).await;
+    until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
 }
 
 /// Serves `connection` to its end; once shutdown begins, lets it finish gracefully.
