@@ -83,6 +83,9 @@ pub struct ChatEvents {
     done: bool,
     /// The latest `finish_reason` a chunk carried.
     finish_reason: Option<String>,
+    /// Azure chunks' start up to and with their first choice's content-filter results, as an
+    /// earlier chunk had it (see [`Annotations`]).
+    annotations: Annotations,
 }
 
 impl ChatEvents {
@@ -97,6 +100,7 @@ impl ChatEvents {
             completion_chars: 0,
             done: false,
             finish_reason: None,
+            annotations: Annotations::default(),
         }
     }
 
@@ -163,9 +167,26 @@ impl ChatEvents {
         if self.saw_tool {
             return None;
         }
+        let mut shortened = std::mem::take(&mut self.annotations.shortened);
+        let kind = self.pass_read(data, &mut shortened);
+        self.annotations.shortened = shortened;
+        kind
+    }
+
+    /// [`ChatEvents::pass`] on the chunk, read without its content-filter results when an
+    /// earlier chunk began with the same ones.
+    fn pass_read(&mut self, data: &[u8], shortened: &mut Vec<u8>) -> Option<EventKind> {
+        let known = self.annotations.shorten(data, shortened);
+        let read = match known {
+            true => &shortened[..],
+            false => data,
+        };
         // Skipped strings are not checked for UTF-8 by the parser; the caller must get text.
-        let data = std::str::from_utf8(data).ok()?;
-        let chunk: Passing<'_> = serde_json::from_str(data).ok()?;
+        let text = std::str::from_utf8(read).ok()?;
+        let chunk: Passing<'_> = serde_json::from_str(text).ok()?;
+        if !known {
+            self.annotations.learn(data, chunk.choices.first_filter);
+        }
         let new_identity = chunk.id.is_some_and(|id| !id.0.is_empty()) && self.identity["id"] == "";
         if chunk.error.is_some()
             || chunk.usage.is_some()
@@ -312,10 +333,14 @@ struct PassingChoices<'a> {
     finished: bool,
     /// The last finish reason among them.
     finish_reason: Option<Text<'a>>,
+    /// The first choice's content-filter results, as they stand in the chunk.
+    first_filter: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
 struct PassingChoice<'a> {
+    #[serde(borrow, default)]
+    content_filter_results: Option<&'a RawValue>,
     #[serde(default)]
     delta: Option<PassingDelta>,
     #[serde(borrow, default)]
@@ -343,6 +368,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for PassingChoices<'a> {
             fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
                 let mut sum = PassingChoices::default();
                 while let Some(choice) = seq.next_element::<PassingChoice<'a>>()? {
+                    if sum.count == 0 {
+                        sum.first_filter = choice.content_filter_results;
+                    }
                     sum.count += 1;
                     if let Some(delta) = choice.delta {
                         let text = delta.content.map_or(0, |c| c.0);
@@ -397,6 +425,61 @@ pub fn completion(body: Bytes) -> (Bytes, Option<Usage>, usize) {
     match changed {
         true => (Bytes::from(value.to_string()), usage, chars),
         false => (body, usage, chars),
+    }
+}
+
+/// Azure annotates every streamed choice with content-filter results, some 450 bytes that are
+/// the same chunk after chunk and were most of what reading a chunk walked. A chunk that begins
+/// byte for byte as an earlier one did, up to and with those results and the comma after them
+/// (`{"choices":[{"content_filter_results":{...},`), is read as `{"choices":[{` and the rest:
+/// the parser is in the same place after either beginning (inside the first choice, a member
+/// to come), so the shortened chunk is JSON exactly when the whole one is, and the results were
+/// checked when they were learnt. What follows must not close the object at once, which a
+/// trailing comma would make invalid.
+#[derive(Default)]
+struct Annotations {
+    /// The known beginning; empty until a chunk taught it.
+    known: Vec<u8>,
+    /// Reused for the shortened chunk.
+    shortened: Vec<u8>,
+}
+
+/// How an annotated Azure chunk begins, before its first choice's results.
+const ANNOTATED: &[u8] = b"{\"choices\":[{\"content_filter_results\":";
+/// What the shortened chunk begins with instead.
+const OPENED: &[u8] = b"{\"choices\":[{";
+
+impl Annotations {
+    /// Writes `data` without its known beginning into `into`; `false` when it has another.
+    fn shorten(&self, data: &[u8], into: &mut Vec<u8>) -> bool {
+        let Some(rest) = data
+            .strip_prefix(&self.known[..])
+            .filter(|_| !self.known.is_empty())
+        else {
+            return false;
+        };
+        if rest.trim_ascii_start().first() == Some(&b'}') {
+            return false;
+        }
+        into.clear();
+        into.extend_from_slice(OPENED);
+        into.extend_from_slice(rest);
+        true
+    }
+
+    /// Learns the beginning of a chunk that was read whole, if it is an annotated one.
+    fn learn(&mut self, data: &[u8], filter: Option<&RawValue>) {
+        let Some(filter) = filter.map(|f| f.get().as_bytes()) else {
+            return;
+        };
+        let Some(at) = (filter.as_ptr() as usize).checked_sub(data.as_ptr() as usize) else {
+            return;
+        };
+        let end = at + filter.len();
+        if data.starts_with(ANNOTATED) && at == ANNOTATED.len() && data.get(end) == Some(&b',') {
+            self.known.clear();
+            self.known.extend_from_slice(&data[..=end]);
+        }
     }
 }
 
@@ -609,6 +692,82 @@ mod tests {
                 tokens(carried),
                 "{body}"
             );
+        }
+    }
+
+    const AZURE_CHUNK: &str = r#"{"choices":[{"content_filter_results":{"hate":{"filtered":false,"severity":"safe"},"self_harm":{"filtered":false,"severity":"safe"}},"delta":{"content":"TEXT"},"finish_reason":null,"index":0,"logprobs":null}],"created":1,"id":"chatcmpl-x","model":"gpt-4o","object":"chat.completion.chunk","usage":null}"#;
+
+    fn chunk(text: &str) -> Bytes {
+        Bytes::from(format!("data: {}\n\n", AZURE_CHUNK.replace("TEXT", text)))
+    }
+
+    #[test]
+    fn azure_chunks_with_the_annotations_of_the_one_before_are_read_the_same_without_them() {
+        let mut events = ChatEvents::new(false, 0);
+        let mut out = Vec::new();
+        for text in ["Hel", "lo", " world", "é"] {
+            events.translate(chunk(text), &mut out);
+        }
+        assert!(
+            !events.annotations.known.is_empty(),
+            "the first chunk taught the beginning"
+        );
+        assert_eq!(events.completion_chars, 3 + 2 + 6 + 1);
+        assert!(out
+            .iter()
+            .all(|(kind, _)| *kind == EventKind::Content { finished: false }));
+        let mut shortened = Vec::new();
+        assert!(events.annotations.shorten(
+            chunk("x").trim_ascii_end().strip_prefix(b"data: ").unwrap(),
+            &mut shortened
+        ));
+        let other = AZURE_CHUNK
+            .replace("\"safe\"", "\"low\"")
+            .replace("TEXT", "x");
+        assert!(!events.annotations.shorten(other.as_bytes(), &mut shortened));
+        let known = events.annotations.known.clone();
+        let closing = [&known[..], b"}]}"].concat();
+        assert!(!events.annotations.shorten(&closing, &mut shortened));
+    }
+
+    #[test]
+    fn a_chunk_read_without_its_known_annotations_is_json_exactly_when_it_is_whole() {
+        use rand::{Rng, SeedableRng};
+        let mut annotations = Annotations::default();
+        let first = AZURE_CHUNK.replace("TEXT", "a");
+        let chunk: Passing<'_> = serde_json::from_str(&first).unwrap();
+        annotations.learn(first.as_bytes(), chunk.choices.first_filter);
+        assert!(!annotations.known.is_empty());
+        let known = annotations.known.clone();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let tail = first.as_bytes()[known.len()..].to_vec();
+        let mut shortened = Vec::new();
+        for _ in 0..3000 {
+            let mut rest = tail.clone();
+            for _ in 0..rng.random_range(1..4) {
+                if rest.is_empty() {
+                    break;
+                }
+                let at = rng.random_range(0..rest.len());
+                match rng.random_range(0..4) {
+                    0 => rest[at] ^= 1 << rng.random_range(0..8),
+                    1 => rest.truncate(at),
+                    2 => {
+                        const BYTES: &[u8] = b"{}[],:\"\\ 0}";
+                        rest.insert(at, BYTES[rng.random_range(0..BYTES.len())]);
+                    }
+                    _ => drop(rest.remove(at)),
+                }
+            }
+            let whole = [&known[..], &rest[..]].concat();
+            if annotations.shorten(&whole, &mut shortened) {
+                assert_eq!(
+                    serde_json::from_slice::<Value>(&shortened).is_ok(),
+                    serde_json::from_slice::<Value>(&whole).is_ok(),
+                    "{}",
+                    String::from_utf8_lossy(&whole)
+                );
+            }
         }
     }
 
