@@ -199,7 +199,16 @@ fn launch(
     let clients = tokio::spawn(server::serve(
         client,
         move |request| pipeline::handle(for_clients.current(), request),
-        Arc::new(move || limit_of.current().snapshot.max_request_body),
+        Arc::new(move |headers: &http::HeaderMap| {
+            // A large body is read only for a caller with a known key; a stranger's request
+            // comes to the pipeline unread, which refuses it at its key.
+            let snapshot = &limit_of.current().snapshot;
+            let max = snapshot.max_request_body;
+            match auth::authenticate(snapshot, headers) {
+                Ok(_) => max,
+                Err(_) => max.min(server::http1::SMALL_BODY),
+            }
+        }),
         watcher.clone(),
         Some(lanes.clone()),
     ));
@@ -207,7 +216,7 @@ fn launch(
     let admins = tokio::spawn(server::serve(
         admin,
         move |request| admin::handle(for_admins.clone(), request),
-        Arc::new(|| admin::MAX_BODY),
+        Arc::new(|_: &http::HeaderMap| admin::MAX_BODY),
         watcher.clone(),
         None,
     ));

@@ -44,7 +44,11 @@ admin: { token: test-admin-token }
 "#;
 
 async fn harness() -> Harness {
-    let config = CONFIG
+    harness_with(CONFIG).await
+}
+
+async fn harness_with(config: &str) -> Harness {
+    let config = config
         .replace("KEYHASH", &key_hash(KEY))
         .replace("OTHERHASH", &key_hash(OTHER_KEY));
     Harness::start(
@@ -268,6 +272,36 @@ async fn a_declared_body_over_the_limit_is_refused_before_it_is_read() {
     .unwrap();
     let reply = String::from_utf8_lossy(&reply[..n]);
     assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+}
+
+#[tokio::test]
+async fn a_large_body_from_an_unknown_key_is_refused_at_its_key_without_being_read() {
+    let h = harness_with(&CONFIG.replace("max_request_body: 4KiB", "max_request_body: 1MiB")).await;
+    let mut stream = tokio::net::TcpStream::connect(h.gateway.addr())
+        .await
+        .unwrap();
+    // 600 KB declared (under the limit), 100 KB sent: an answer needs no more of it.
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer nope\r\ncontent-length: 600000\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&[b'x'; 100_000]).await.unwrap();
+    let mut reply = vec![0u8; 4096];
+    let n = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read(&mut stream, &mut reply),
+    )
+    .await
+    .expect("answered without the rest of the body")
+    .unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 401"), "{reply}");
+    assert!(reply.contains("invalid_api_key"), "{reply}");
+    let known = h
+        .post(
+            "/v1/chat/completions",
+            serde_json::json!({"model": "chat", "messages": [{"role": "user", "content": "x".repeat(100_000)}]}),
+        )
+        .await;
+    assert_eq!(known.status, 200, "{}", known.body);
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! Client connections over HTTP/1.1, served by the gateway itself: a request's head and body are
-//! read whole (the body up to the limit) before its handler runs, an answer's head goes out with
+//! read whole (the body up to its limit, see [`BodyLimit`]) before its handler runs, an answer's head goes out with
 //! its first bytes in one write (a stream: one write an event, the last chunk with the last
 //! event), and between requests a connection holds its socket and nothing else. Keep-alive,
 //! pipelining, `Expect: 100-continue`, chunked request bodies, HTTP/1.0 clients and upgrades
@@ -35,8 +35,13 @@ const MAX_READ: usize = 64 * 1024;
 const LINGER: Duration = Duration::from_millis(500);
 const LINGER_BYTES: usize = 1024 * 1024;
 
-/// How large a request's body may be: the live config's limit, read for each request.
-pub type BodyLimit = Arc<dyn Fn() -> u64 + Send + Sync>;
+/// How large the body of a request with these headers may be, asked only of a body that may be
+/// larger than [`SMALL_BODY`] (a larger length, or chunked): the client port reads such a body
+/// only for a caller whose key it knows, so a stranger cannot make it hold megabytes.
+pub type BodyLimit = Arc<dyn Fn(&HeaderMap) -> u64 + Send + Sync>;
+
+/// Bodies up to this size are read without asking their [`BodyLimit`].
+pub const SMALL_BODY: u64 = 64 * 1024;
 
 /// Serves requests on `stream` until the client closes it, an answer ends it, or shutdown
 /// begins while it is idle (a request under way is answered first, with `connection: close`).
@@ -60,7 +65,11 @@ pub async fn serve<H, F>(
             Ok(None) => return,
             Err(status) => return connection.refuse(status).await,
         };
-        let Ok(body) = connection.read_body(&head, limit()).await else {
+        let limit = match head.framing {
+            Framing::Length(length) if length <= SMALL_BODY => SMALL_BODY,
+            _ => limit(&head.headers),
+        };
+        let Ok(body) = connection.read_body(&head, limit).await else {
             return connection.refuse(StatusCode::BAD_REQUEST).await;
         };
         let (request, exchange, upgrade) = head.into_request(body);
@@ -794,7 +803,8 @@ mod tests {
     use super::*;
     use crate::body::{full, BoxError};
 
-    /// A gateway listener serving `handler` with a 1 KiB body limit.
+    /// A gateway listener serving `handler`; a body larger than [`SMALL_BODY`] is read up to 1 MiB
+    /// for a request with `x-known: yes`, not at all for others.
     async fn listen<H, F>(handler: H) -> (SocketAddr, watch::Sender<bool>)
     where
         H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
@@ -806,7 +816,12 @@ mod tests {
         tokio::spawn(crate::server::serve(
             listener,
             handler,
-            Arc::new(|| 1024),
+            Arc::new(
+                |headers: &HeaderMap| match headers.contains_key("x-known") {
+                    true => 1 << 20,
+                    false => SMALL_BODY,
+                },
+            ),
             shutdown,
             None,
         ));
@@ -966,20 +981,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_body_over_the_limit_is_not_read_and_its_connection_closes_after_the_answer() {
+    async fn a_large_body_is_read_only_when_its_limit_allows_and_else_the_connection_closes() {
         let (address, _stop) = listen(echo).await;
-        for request in [
-            format!(
-                "POST / HTTP/1.1\r\ncontent-length: 2000\r\n\r\n{}",
-                "x".repeat(2000)
-            ),
-            format!(
-                "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n7D0\r\n{}\r\n0\r\n\r\n",
-                "x".repeat(2000)
-            ),
+        let large = "x".repeat(70_000);
+        let chunked = format!("{:X}\r\n{large}\r\n0\r\n\r\n", large.len());
+        for (framing, body) in [
+            (format!("content-length: {}", large.len()), &large),
+            ("transfer-encoding: chunked".to_owned(), &chunked),
         ] {
+            let stranger = format!("POST /big HTTP/1.1\r\n{framing}\r\n\r\n{body}");
             let mut client = connect(address).await;
-            client.write_all(request.as_bytes()).await.unwrap();
+            let _ = client.write_all(stranger.as_bytes()).await;
             let answer = read_until(&mut client, "too large").await;
             assert!(
                 answer.starts_with("HTTP/1.1 413 Payload Too Large"),
@@ -987,6 +999,16 @@ mod tests {
             );
             assert!(answer.contains("connection: close\r\n"), "{answer}");
             assert!(closes(&mut client).await);
+            let known = format!("POST /big HTTP/1.1\r\nx-known: yes\r\n{framing}\r\n\r\n{body}");
+            let mut client = connect(address).await;
+            client.write_all(known.as_bytes()).await.unwrap();
+            let answer = read_until(&mut client, &large[..1000]).await;
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{}", &answer[..200]);
+            assert!(
+                answer.contains("content-length: 70010\r\n"),
+                "{}",
+                &answer[..200]
+            );
         }
     }
 
@@ -1212,7 +1234,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let stream = connect(listener.local_addr().unwrap()).await;
         let (_stop, mut shutdown) = watch::channel(false);
-        let limit: BodyLimit = Arc::new(|| 1024);
+        let limit: BodyLimit = Arc::new(|_: &HeaderMap| 1024);
         let handler = |request| Box::pin(echo(request));
         let connection = serve(stream, &handler, &limit, &mut shutdown);
         // 10,000 idle connections hold 10,000 of these: a buffer kept across an await in it
