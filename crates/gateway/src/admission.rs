@@ -130,8 +130,7 @@ impl Held {
                 micro_usd,
                 release: true,
             };
-            self.store
-                .settle_detached(self.reservation.clone(), settlement);
+            self.store.settle_detached(&self.reservation, settlement);
         }
     }
 }
@@ -307,19 +306,14 @@ async fn ask_of(request: &Request<'_>) -> Option<(Ask, Option<Estimate>)> {
     if !limited(&request.tenant.limits) && !limited(&request.key.limits) {
         return None;
     }
-    let meters: Vec<(MeterKey, MeterLimits)> = [
-        (
-            MeterKey::tenant(&request.tenant.name),
-            meter_limits(&request.tenant.limits),
-        ),
-        (
-            MeterKey::key(&request.tenant.name, &request.key.id),
-            meter_limits(&request.key.limits),
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(key, limits)| Some((key, limits?)))
-    .collect();
+    let (tenant, key) = (request.tenant, request.key);
+    let mut meters: Vec<(MeterKey, MeterLimits)> = Vec::with_capacity(2);
+    if let Some(limits) = meter_limits(&tenant.limits) {
+        meters.push((MeterKey::tenant(&tenant.name), limits));
+    }
+    if let Some(limits) = meter_limits(&key.limits) {
+        meters.push((MeterKey::key(&tenant.name, &key.id), limits));
+    }
     if meters.is_empty() {
         return None;
     }

@@ -2,7 +2,7 @@
 //! lock. Also the Redis store's stand-in while Redis is unreachable and `on_store_error` is
 //! `fail_open`. Its futures never wait: every method completes on its first poll.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
@@ -19,16 +19,19 @@ use crate::{
 
 type Pair = (String, String);
 
+/// The maps every request reads, hashed with foldhash (seeded per map) rather than SipHash.
+type Map<K, V> = DashMap<K, V, foldhash::fast::RandomState>;
+
 /// Expired entries are removed lazily, on lookup or listing, so the maps stay bounded by the
 /// number of (backend, deployment) pairs that failed within their TTL.
 #[derive(Default)]
 pub struct MemoryState {
     clock: Clock,
-    not_served: DashMap<Pair, u64>,
-    served: DashMap<Pair, u64>,
-    cooldowns: DashMap<Pair, u64>,
-    meters: DashMap<MeterKey, Arc<Mutex<Meter>>>,
-    breakers: DashMap<String, Record>,
+    not_served: Expiring,
+    served: Expiring,
+    cooldowns: Expiring,
+    meters: Map<MeterKey, Arc<Mutex<Meter>>>,
+    breakers: Map<String, Record>,
     next_member: AtomicU64,
     /// key -> (backend, until)
     pins: DashMap<String, (String, u64)>,
@@ -144,33 +147,81 @@ fn pair(backend: &str, deployment: &str) -> Pair {
     (backend.to_owned(), deployment.to_owned())
 }
 
-fn live(map: &DashMap<Pair, u64>, backend: &str, deployment: &str, now: u64) -> Option<u64> {
-    if map.is_empty() {
-        return None;
-    }
-    let key = pair(backend, deployment);
-    let until = *map.get(&key)?;
-    if until > now {
-        Some(until - now)
-    } else {
-        map.remove_if(&key, |_, u| *u <= now);
-        None
-    }
+/// (backend, deployment) pairs until a time, with their number kept beside them: every request
+/// asks each map about its targets, and an empty map (the usual case) answers from the count
+/// without visiting its shards' locks or allocating a key.
+#[derive(Default)]
+struct Expiring {
+    map: Map<Pair, u64>,
+    entries: AtomicUsize,
 }
 
-fn listing(map: &DashMap<Pair, u64>, now: u64) -> Vec<Entry> {
-    map.retain(|_, until| *until > now);
-    let mut entries: Vec<Entry> = map
-        .iter()
-        .map(|e| Entry {
-            key: TargetKey::new(&e.key().0, &e.key().1),
-            remaining_ms: e.value() - now,
-        })
-        .collect();
-    entries.sort_by(|a, b| {
-        (&a.key.backend, &a.key.deployment).cmp(&(&b.key.backend, &b.key.deployment))
-    });
-    entries
+impl Expiring {
+    fn insert(&self, key: Pair, until: u64) {
+        if self.map.insert(key, until).is_none() {
+            self.entries.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Keeps the later of `until` and the time already there.
+    fn extend(&self, key: Pair, until: u64) {
+        match self.map.entry(key) {
+            dashmap::mapref::entry::Entry::Occupied(mut held) => {
+                if *held.get() < until {
+                    *held.get_mut() = until;
+                }
+            }
+            dashmap::mapref::entry::Entry::Vacant(free) => {
+                free.insert(until);
+                self.entries.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    fn remove(&self, key: &Pair) {
+        if self.map.remove(key).is_some() {
+            self.entries.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Milliseconds left on the pair's time, if it has one still running; an expired one goes.
+    fn live(&self, backend: &str, deployment: &str, now: u64) -> Option<u64> {
+        if self.entries.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let key = pair(backend, deployment);
+        let until = *self.map.get(&key)?;
+        if until > now {
+            return Some(until - now);
+        }
+        if self.map.remove_if(&key, |_, u| *u <= now).is_some() {
+            self.entries.fetch_sub(1, Ordering::AcqRel);
+        }
+        None
+    }
+
+    /// The pairs whose time still runs, sorted; the expired ones go.
+    fn listing(&self, now: u64) -> Vec<Entry> {
+        let mut expired = 0;
+        self.map.retain(|_, until| {
+            let keep = *until > now;
+            expired += usize::from(!keep);
+            keep
+        });
+        self.entries.fetch_sub(expired, Ordering::AcqRel);
+        let mut entries: Vec<Entry> = self
+            .map
+            .iter()
+            .map(|e| Entry {
+                key: TargetKey::new(&e.key().0, &e.key().1),
+                remaining_ms: e.value().saturating_sub(now),
+            })
+            .collect();
+        entries.sort_by(|a, b| {
+            (&a.key.backend, &a.key.deployment).cmp(&(&b.key.backend, &b.key.deployment))
+        });
+        entries
+    }
 }
 
 impl MemoryState {
@@ -196,14 +247,16 @@ impl MemoryState {
             .targets
             .iter()
             .map(|(backend, deployment)| {
-                let exclusion = match live(&self.not_served, backend, deployment, now) {
+                let exclusion = match self.not_served.live(backend, deployment, now) {
                     Some(remaining_ms) => Some(Exclusion::NotServed { remaining_ms }),
-                    None => live(&self.cooldowns, backend, deployment, now)
+                    None => self
+                        .cooldowns
+                        .live(backend, deployment, now)
                         .map(|remaining_ms| Exclusion::CoolingDown { remaining_ms }),
                 };
                 TargetView {
                     exclusion,
-                    served: live(&self.served, backend, deployment, now).is_some(),
+                    served: self.served.live(backend, deployment, now).is_some(),
                 }
             })
             .collect();
@@ -241,13 +294,8 @@ impl MemoryState {
 
     pub(crate) fn cool_down_now(&self, key: &TargetKey, wait_ms: u64) {
         let until = self.now() + wait_ms;
-        let mut current = self
-            .cooldowns
-            .entry(pair(&key.backend, &key.deployment))
-            .or_insert(0);
-        if *current < until {
-            *current = until;
-        }
+        self.cooldowns
+            .extend(pair(&key.backend, &key.deployment), until);
     }
 
     pub(crate) fn pin_now(&self, key: &str, backend: &str, ttl_ms: u64) {
@@ -272,11 +320,11 @@ impl MemoryState {
     }
 
     pub(crate) fn not_served_now(&self) -> Vec<Entry> {
-        listing(&self.not_served, self.now())
+        self.not_served.listing(self.now())
     }
 
     pub(crate) fn cooldowns_now(&self) -> Vec<Entry> {
-        listing(&self.cooldowns, self.now())
+        self.cooldowns.listing(self.now())
     }
 
     fn meter(&self, key: &MeterKey) -> Arc<Mutex<Meter>> {
@@ -567,6 +615,30 @@ mod tests {
         clock.store(1_000, Ordering::Relaxed);
         assert_eq!(target(&state, "b", "d").exclusion, None);
         assert!(state.not_served_now().is_empty());
+    }
+
+    /// The count that lets a lookup skip an empty map follows every way an entry comes and
+    /// goes: marked twice, expired on lookup, swept by a listing, served after not served.
+    #[test]
+    fn exclusions_are_found_whatever_came_and_went_before() {
+        let (state, clock) = clocked(0);
+        let excluded = |b: &str| target(&state, b, "d").exclusion.is_some();
+        state.mark_not_served_now(&TargetKey::new("a", "d"), 1_000);
+        state.mark_not_served_now(&TargetKey::new("a", "d"), 1_000);
+        state.mark_not_served_now(&TargetKey::new("b", "d"), 5_000);
+        state.cool_down_now(&TargetKey::new("c", "d"), 1_000);
+        state.cool_down_now(&TargetKey::new("c", "d"), 500);
+        clock.store(2_000, Ordering::Relaxed);
+        assert!(!excluded("a"), "expired on lookup");
+        assert!(state.cooldowns_now().is_empty(), "swept by the listing");
+        assert!(excluded("b"), "b is still not served after a and c went");
+        state.mark_served_now(&TargetKey::new("b", "d"), 10_000);
+        assert!(!excluded("b"));
+        assert!(target(&state, "b", "d").served);
+        state.mark_not_served_now(&TargetKey::new("e", "d"), 1_000);
+        assert!(excluded("e"), "a new entry after the map emptied is seen");
+        assert_eq!(state.not_served.entries.load(Ordering::Relaxed), 1);
+        assert_eq!(state.cooldowns.entries.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -93,12 +93,12 @@ impl Store {
 
     /// [`State::settle`] without waiting for it: at once in memory, as a task for Redis (the
     /// answer has gone out already, nothing waits on it).
-    pub fn settle_detached(self: &Arc<Self>, reservation: Reservation, settlement: Settlement) {
+    pub fn settle_detached(self: &Arc<Self>, reservation: &Reservation, settlement: Settlement) {
         match self.as_ref() {
-            Store::Memory(memory) => memory.settle_now(&reservation, settlement),
+            Store::Memory(memory) => memory.settle_now(reservation, settlement),
             Store::Redis(_) => {
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    let store = self.clone();
+                    let (store, reservation) = (self.clone(), reservation.clone());
                     handle.spawn(async move { store.settle(&reservation, settlement).await });
                 }
             }
@@ -131,7 +131,7 @@ impl Store {
     /// Settles a [`Store::admit_detached`] charge once it has been made, without waiting.
     pub fn settle_after(self: &Arc<Self>, detached: Detached, settlement: Settlement) {
         match detached {
-            Detached::Made(Some(reservation)) => self.settle_detached(reservation, settlement),
+            Detached::Made(Some(reservation)) => self.settle_detached(&reservation, settlement),
             Detached::Made(None) => {}
             Detached::Pending(made) => {
                 let store = self.clone();

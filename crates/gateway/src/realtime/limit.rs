@@ -30,7 +30,7 @@ impl Drop for Slot {
                 micro_usd: 0,
                 release: true,
             };
-            store.settle_detached(reservation, settlement);
+            store.settle_detached(&reservation, settlement);
         }
     }
 }
