@@ -372,14 +372,24 @@ impl MemoryState {
             }
         }
         let charge = ask.charge;
+        // The charge lands in the current second's bucket, which the window already counts (a
+        // bucket reused from a minute ago was outside it), so the usage after is the usage
+        // before plus the charge: no second pass over the window.
         let usage = guards
             .iter_mut()
-            .map(|guard| {
+            .zip(usage)
+            .map(|(guard, before)| {
                 guard.window.add(second, 1, charge.tokens);
                 guard.in_flight += 1;
                 guard.day.1 += charge.tokens;
                 guard.month.1 += charge.micro_usd;
-                guard.usage(second)
+                MeterUsage {
+                    requests: before.requests + 1,
+                    tokens: before.tokens + charge.tokens,
+                    in_flight: guard.in_flight,
+                    day_tokens: guard.day.1,
+                    month_micro_usd: guard.month.1,
+                }
             })
             .collect();
         Verdict::Admitted(Reservation {
@@ -694,6 +704,27 @@ mod tests {
                 lease_ms: 60_000,
             },
             enforce: true,
+        }
+    }
+
+    /// The usage an admission reports (the usage before plus its charge) is what reading the
+    /// meters afterwards gives, also when the charge reuses the bucket of a minute ago.
+    #[test]
+    fn an_admission_reports_the_usage_it_leaves() {
+        let (state, clock) = clocked(100_000);
+        let keys = [MeterKey::tenant("t"), MeterKey::key("t", "k")];
+        for (at, tokens) in [
+            (100_000, 10),
+            (100_500, 20),
+            (130_000, 5),
+            (160_000, 7),
+            (160_100, 1),
+        ] {
+            clock.store(at, Ordering::Relaxed);
+            let Verdict::Admitted(made) = state.admit_now(&ask(None, None, tokens)) else {
+                panic!("no limits refuse");
+            };
+            assert_eq!(made.usage, state.usage_now(&keys), "at {at}");
         }
     }
 
