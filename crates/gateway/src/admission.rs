@@ -302,12 +302,9 @@ pub async fn admit_and_plan(
 /// The reservation `request` asks for, with the estimate it is made of; `None` for a caller
 /// without limits.
 async fn ask_of(request: &Request<'_>) -> Option<(Ask, Option<Estimate>)> {
-    let limited = |limits: &Limits| meter_limits(limits).is_some();
-    if !limited(&request.tenant.limits) && !limited(&request.key.limits) {
-        return None;
-    }
     let (tenant, key) = (request.tenant, request.key);
-    let mut meters: Vec<(MeterKey, MeterLimits)> = Vec::with_capacity(2);
+    // Allocates only once a meter is pushed: a caller without limits costs no allocation.
+    let mut meters: Vec<(MeterKey, MeterLimits)> = Vec::new();
     if let Some(limits) = meter_limits(&tenant.limits) {
         meters.push((MeterKey::tenant(&tenant.name), limits));
     }
