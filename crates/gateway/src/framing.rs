@@ -3,7 +3,66 @@
 //! when a message ends its connection.
 
 use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, InvalidHeaderName};
 use http::{header, HeaderMap, Version};
+
+/// Header names outside the standard set that model providers and their clients send on nearly
+/// every message: read as these constants, they cost no allocation (a standard name never does).
+macro_rules! known_names {
+    ($($name:literal),* $(,)?) => {
+        const KNOWN: usize = [$($name),*].len();
+        static KNOWN_NAMES: [HeaderName; KNOWN] = [$(HeaderName::from_static($name)),*];
+        /// Each known name's length and first byte.
+        static KNOWN_SIGNATURES: [u16; KNOWN] = [$(signature($name.as_bytes())),*];
+        /// A bit for each length a known name has: most names read are ruled out by one test.
+        const KNOWN_LENGTHS: u64 = 0 $(| 1 << $name.len())*;
+    };
+}
+
+known_names![
+    "api-key",
+    "x-api-key",
+    "x-request-id",
+    "apim-request-id",
+    "x-ms-region",
+    "x-ms-client-request-id",
+    "x-ms-rai-invoked",
+    "x-ms-deployment-name",
+    "azureml-model-session",
+    "openai-processing-ms",
+    "openai-version",
+    "openai-organization",
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-limit-tokens",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+];
+
+const fn signature(name: &[u8]) -> u16 {
+    match name.first() {
+        Some(first) if name.len() < 256 => {
+            ((name.len() as u16) << 8) | first.to_ascii_lowercase() as u16
+        }
+        _ => 0,
+    }
+}
+
+/// A header name as read off the wire, in any case.
+pub fn header_name(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
+    if name.len() >= 64 || KNOWN_LENGTHS & (1 << name.len()) == 0 {
+        return HeaderName::from_bytes(name);
+    }
+    let wanted = signature(name);
+    let known = KNOWN_SIGNATURES
+        .iter()
+        .zip(&KNOWN_NAMES)
+        .filter(|(signature, _)| **signature == wanted && wanted != 0)
+        .find(|(_, known)| known.as_str().as_bytes().eq_ignore_ascii_case(name));
+    match known {
+        Some((_, known)) => Ok(known.clone()),
+        None => HeaderName::from_bytes(name),
+    }
+}
 
 /// Where the decoding of a chunked body stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -232,5 +291,22 @@ mod tests {
             HeaderValue::from_static("chunked, gzip"),
         );
         assert!(!is_chunked(&headers));
+    }
+
+    #[test]
+    fn header_names_read_the_same_whether_well_known_or_not() {
+        for wire in [
+            "API-Key",
+            "x-request-id",
+            "X-Ms-Region",
+            "x-custom-thing",
+            "Content-Type",
+        ] {
+            let read = header_name(wire.as_bytes()).unwrap();
+            assert_eq!(read, HeaderName::from_bytes(wire.as_bytes()).unwrap());
+            assert_eq!(read.as_str(), wire.to_ascii_lowercase());
+        }
+        assert!(header_name(b"bad name").is_err());
+        assert!(header_name(b"").is_err());
     }
 }

@@ -73,16 +73,19 @@ const CL100K_TOOLS: ToolCosts = ToolCosts {
     ..O200K_TOOLS
 };
 
+/// Whether `name` starts with one of `prefixes`, ignoring ASCII case.
 fn starts(name: &str, prefixes: &[&str]) -> bool {
-    prefixes.iter().any(|p| name.starts_with(p))
+    prefixes.iter().any(|p| {
+        name.as_bytes()
+            .get(..p.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(p.as_bytes()))
+    })
 }
 
 impl Estimator {
     /// The estimator for a model or deployment name, by the reference's prefix table; a name it
     /// does not know (an Azure deployment called `prod-chat`) gets the current family, o200k.
     pub fn for_model(name: &str) -> Self {
-        let name = name.to_ascii_lowercase();
-        let name = name.as_str();
         let o200k = [
             "gpt-5",
             "gpt-4.1",
@@ -109,7 +112,7 @@ impl Estimator {
             Encoding::O200k
         } else if starts(name, &cl100k) {
             Encoding::Cl100k
-        } else if name.starts_with("claude") {
+        } else if starts(name, &["claude"]) {
             Encoding::Approximate
         } else {
             Encoding::O200k
@@ -118,9 +121,9 @@ impl Estimator {
             Images::Patches { factor: 1.62 }
         } else if starts(name, &["gpt-4.1-nano", "gpt-5-nano"]) {
             Images::Patches { factor: 2.46 }
-        } else if name.starts_with("o4-mini") {
+        } else if starts(name, &["o4-mini"]) {
             Images::Patches { factor: 1.72 }
-        } else if name.starts_with("gpt-4o-mini") {
+        } else if starts(name, &["gpt-4o-mini"]) {
             Images::Tiles {
                 base: 2833,
                 per_tile: 5667,
@@ -130,7 +133,7 @@ impl Estimator {
                 base: 75,
                 per_tile: 150,
             }
-        } else if name.starts_with("computer-use") {
+        } else if starts(name, &["computer-use"]) {
             Images::Tiles {
                 base: 65,
                 per_tile: 129,

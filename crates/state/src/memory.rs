@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use dashmap::DashMap;
+use smallvec::SmallVec;
 
 use crate::breaker::Record;
 use crate::meter::{
@@ -338,14 +339,16 @@ impl MemoryState {
         let now = self.now();
         let (second, day) = (now / 1000, day_of(now));
         let month = month_of(day);
-        let meters: Vec<Arc<Mutex<Meter>>> =
+        // A tenant's meter and its key's: both inline, no allocation.
+        let meters: SmallVec<[Arc<Mutex<Meter>>; 2]> =
             ask.meters.iter().map(|(k, _)| self.meter(k)).collect();
         // Always locked in the ask's order (tenant before key), so two asks never deadlock.
-        let mut guards: Vec<MutexGuard<'_, Meter>> = meters.iter().map(|m| lock(m)).collect();
+        let mut guards: SmallVec<[MutexGuard<'_, Meter>; 2]> =
+            meters.iter().map(|m| lock(m)).collect();
         for guard in guards.iter_mut() {
             guard.roll(day, month);
         }
-        let usage: Vec<MeterUsage> = guards.iter().map(|g| g.usage(second)).collect();
+        let usage: SmallVec<[MeterUsage; 2]> = guards.iter().map(|g| g.usage(second)).collect();
         if ask.enforce {
             let failing = guards
                 .iter()
@@ -367,7 +370,7 @@ impl MemoryState {
                     used: check.used,
                     cap: check.cap,
                     asked: check.asked,
-                    usage,
+                    usage: usage.to_vec(),
                 });
             }
         }

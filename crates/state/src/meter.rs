@@ -4,6 +4,8 @@
 //! of a dollar) of the current UTC month. The Redis scripts implement the same arithmetic; the
 //! memory store uses this module's.
 
+use std::borrow::Cow;
+
 /// Seconds in the rolling window.
 pub const WINDOW_SECONDS: u64 = 60;
 const DAY_MS: u64 = 86_400_000;
@@ -13,14 +15,15 @@ const DAY_MS: u64 = 86_400_000;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MeterKey {
     pub tag: String,
-    pub path: String,
+    /// Fixed for a tenant's own meter, so building it allocates only the tag.
+    pub path: Cow<'static, str>,
 }
 
 impl MeterKey {
     pub fn tenant(tenant: &str) -> Self {
         MeterKey {
             tag: ["t:", tenant].concat(),
-            path: "tenant".to_owned(),
+            path: Cow::Borrowed("tenant"),
         }
     }
 
@@ -28,7 +31,7 @@ impl MeterKey {
     pub fn key(tenant: &str, key: &str) -> Self {
         MeterKey {
             tag: ["t:", tenant].concat(),
-            path: ["key:", key].concat(),
+            path: Cow::Owned(["key:", key].concat()),
         }
     }
 
@@ -36,7 +39,7 @@ impl MeterKey {
     pub fn backend(backend: &str) -> Self {
         MeterKey {
             tag: "routing".to_owned(),
-            path: ["backend:", backend].concat(),
+            path: Cow::Owned(["backend:", backend].concat()),
         }
     }
 }

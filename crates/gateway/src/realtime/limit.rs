@@ -41,8 +41,8 @@ fn meter(tenant: &str, key: Option<&str>) -> MeterKey {
     MeterKey {
         tag: format!("t:{tenant}"),
         path: match key {
-            None => "sessions".to_owned(),
-            Some(key) => format!("key:{key}:sessions"),
+            None => "sessions".into(),
+            Some(key) => format!("key:{key}:sessions").into(),
         },
     }
 }

@@ -584,7 +584,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
     let mut fields: Vec<(HeaderName, Range<usize>)> = Vec::with_capacity(parsed.headers.len());
     let mut framed = false;
     for field in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| bad)?;
+        let name = crate::framing::header_name(field.name.as_bytes()).map_err(|_| bad)?;
         framed |= name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING;
         fields.push((name, within(field.value)));
     }

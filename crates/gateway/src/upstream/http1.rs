@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
@@ -331,7 +331,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     let start = buffer.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
     for field in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
+        let name = crate::framing::header_name(field.name.as_bytes())
             .map_err(|_| format!("the answer has an invalid header name {:?}", field.name))?;
         let at = field.value.as_ptr() as usize - start;
         fields.push((name, at..at + field.value.len()));
