@@ -8,7 +8,6 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use onedoor_usage::UsageRecord;
-use serde::Serialize;
 
 /// Where the log goes: unset or `stderr`, `off`, or a file path lines are appended to.
 pub const DESTINATION_VAR: &str = "ONEDOOR_ACCESS_LOG";
@@ -22,8 +21,8 @@ const FLUSH_EVERY: Duration = Duration::from_millis(20);
 /// A line with every field filled and long names is about this long.
 const LINE_BYTES: usize = 640;
 
-/// One request's line.
-#[derive(Serialize)]
+/// One request's line: a JSON object of these fields, in this order.
+#[cfg_attr(test, derive(serde::Serialize))]
 pub struct Line<'a> {
     pub ts_ms: u64,
     pub request_id: &'a str,
@@ -110,12 +109,106 @@ pub fn write(line: &Line<'_>) {
     };
     SCRATCH.with_borrow_mut(|text| {
         text.clear();
-        if serde_json::to_writer(&mut *text, line).is_err() {
+        if encode(line, text).is_err() {
             return;
         }
         text.push(b'\n');
         log.append(text);
     });
+}
+
+/// Writes `line` as one JSON object: the bytes serde_json's derived serialisation gives (a test
+/// holds them equal), without its work per field for names and numbers that need no escaping.
+fn encode(line: &Line<'_>, text: &mut Vec<u8>) -> serde_json::Result<()> {
+    let mut json = Json(text);
+    json.raw(b"{\"ts_ms\":");
+    json.number(line.ts_ms);
+    json.raw(b",\"request_id\":");
+    json.string(line.request_id)?;
+    let names = [
+        (&b",\"tenant\":"[..], line.tenant),
+        (b",\"key_id\":", line.key_id),
+        (b",\"alias\":", line.alias),
+        (b",\"backend\":", line.backend),
+        (b",\"region\":", line.region),
+    ];
+    for (key, value) in names {
+        json.raw(key);
+        json.optional_string(value)?;
+    }
+    json.raw(b",\"attempts\":");
+    json.string(line.attempts)?;
+    json.raw(b",\"status\":");
+    json.number(u64::from(line.status));
+    json.raw(b",\"error\":");
+    json.optional_string(line.error)?;
+    let counts = [
+        (&b",\"input_tokens\":"[..], line.input_tokens),
+        (b",\"output_tokens\":", line.output_tokens),
+        (b",\"cached_tokens\":", line.cached_tokens),
+    ];
+    for (key, value) in counts {
+        json.raw(key);
+        json.number(value);
+    }
+    json.raw(b",\"tokens_source\":");
+    json.optional_string(line.tokens_source)?;
+    json.raw(b",\"cost_usd\":");
+    serde_json::to_writer(&mut *json.0, &line.cost_usd)?;
+    json.raw(b",\"duration_ms\":");
+    json.number(line.duration_ms);
+    json.raw(b",\"ttft_ms\":");
+    match line.ttft_ms {
+        Some(ms) => json.number(ms),
+        None => json.raw(b"null"),
+    }
+    json.raw(b",\"stream\":");
+    json.boolean(line.stream);
+    json.raw(b",\"stream_cut\":");
+    json.boolean(line.stream_cut);
+    json.raw(b"}");
+    Ok(())
+}
+
+struct Json<'t>(&'t mut Vec<u8>);
+
+impl Json<'_> {
+    fn raw(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+
+    fn number(&mut self, number: u64) {
+        self.raw(itoa::Buffer::new().format(number).as_bytes());
+    }
+
+    fn boolean(&mut self, value: bool) {
+        self.raw(if value { b"true" } else { b"false" });
+    }
+
+    /// Ids and names are copied as they are; a string with a quote, a backslash or a control
+    /// character is escaped by serde_json.
+    fn string(&mut self, text: &str) -> serde_json::Result<()> {
+        let plain = text.bytes().fold(true, |plain, b| {
+            plain & (b >= 0x20 && b != b'"' && b != b'\\')
+        });
+        if !plain {
+            return serde_json::to_writer(&mut *self.0, text);
+        }
+        self.raw(b"\"");
+        self.raw(text.as_bytes());
+        self.raw(b"\"");
+        Ok(())
+    }
+
+    fn optional_string(&mut self, text: Option<&str>) -> serde_json::Result<()> {
+        match text {
+            Some(text) => self.string(text),
+            None => {
+                self.raw(b"null");
+                Ok(())
+            }
+        }
+    }
 }
 
 /// Writes out every line appended so far (shutdown); the writer thread goes on.
@@ -218,5 +311,62 @@ fn destination() -> Option<Box<dyn Write + Send>> {
                 Some(Box::new(std::io::stderr()))
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn line<'a>(text: &'a str, cost_usd: f64, filled: bool) -> Line<'a> {
+        let some = |s: &'a str| filled.then_some(s);
+        Line {
+            ts_ms: 1_796_253_718_123,
+            request_id: "019ae1f0c2b37a5d9e4f1a2b3c4d5e6f",
+            tenant: some(text),
+            key_id: some("key-1"),
+            alias: some(text),
+            backend: some("sweden"),
+            region: some("swedencentral"),
+            attempts: text,
+            status: 429,
+            error: some(text),
+            input_tokens: 12,
+            output_tokens: u64::MAX,
+            cached_tokens: 0,
+            tokens_source: some("measured"),
+            cost_usd,
+            duration_ms: 7,
+            ttft_ms: filled.then_some(3),
+            stream: filled,
+            stream_cut: !filled,
+        }
+    }
+
+    #[test]
+    fn a_line_is_the_json_serde_would_write() {
+        let texts = [
+            "",
+            "plain-name_1",
+            "quote \" and backslash \\",
+            "newline\n tab\t bell\u{7} escape\u{1b} nul\u{0}",
+            "delete \u{7f}, accents é, cjk 漢字, emoji 🚪",
+            "sweden=429 (retry-after 3s); france=ok",
+        ];
+        let costs = [0.0, 0.1, 1e-7, 123_456.789, f64::NAN, f64::INFINITY];
+        for (text, cost) in texts.iter().zip(costs.iter().cycle()) {
+            for filled in [true, false] {
+                let line = line(text, *cost, filled);
+                let mut ours = Vec::new();
+                encode(&line, &mut ours).unwrap();
+                let theirs = serde_json::to_vec(&line).unwrap();
+                assert_eq!(
+                    String::from_utf8(ours).unwrap(),
+                    String::from_utf8(theirs).unwrap()
+                );
+            }
+        }
     }
 }
