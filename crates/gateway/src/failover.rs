@@ -41,7 +41,8 @@ impl Trail {
 
     /// `backend=outcome,...` as the header carries it.
     pub fn header(&self) -> String {
-        let mut out = String::new();
+        let length = self.attempts.iter().map(|(b, o)| b.len() + o.len() + 2);
+        let mut out = String::with_capacity(length.sum());
         for (i, (backend, outcome)) in self.attempts.iter().enumerate() {
             if i > 0 {
                 out.push(',');

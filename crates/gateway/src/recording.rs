@@ -107,7 +107,7 @@ pub fn hand_off(
 ) -> Response<Body> {
     let recorder = &runtime.recorder;
     let stream = is_stream(&response);
-    let mut pending = Pending::new(&runtime.snapshot, &ended, response.status().as_u16());
+    let mut pending = Pending::new(&runtime.snapshot, &mut ended, response.status().as_u16());
     pending.metrics = Some(runtime.metrics.clone());
     pending.entered = ended.entered.take();
     pending.span = ended.span.take();
@@ -174,7 +174,7 @@ struct Pending {
 }
 
 impl Pending {
-    fn new(snapshot: &Snapshot, ended: &Ended<'_>, status: u16) -> Pending {
+    fn new(snapshot: &Snapshot, ended: &mut Ended<'_>, status: u16) -> Pending {
         let backend = ended.backend.and_then(|b| snapshot.backends.get(b));
         let price = match (ended.backend, ended.deployment) {
             (Some(backend), Some(deployment)) => alias_of(snapshot, ended.alias)
@@ -202,7 +202,7 @@ impl Pending {
             cost_usd: 0.0,
             duration_ms: 0,
             ttft_ms: None,
-            attempts: ended.attempts.clone(),
+            attempts: std::mem::take(&mut ended.attempts),
             stream: false,
             stream_cut: false,
         };
