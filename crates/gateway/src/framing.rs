@@ -12,8 +12,6 @@ macro_rules! known_names {
     ($($name:literal),* $(,)?) => {
         const KNOWN: usize = [$($name),*].len();
         static KNOWN_NAMES: [HeaderName; KNOWN] = [$(HeaderName::from_static($name)),*];
-        /// Each known name's length and first byte.
-        static KNOWN_SIGNATURES: [u16; KNOWN] = [$(signature($name.as_bytes())),*];
         /// A bit for each length a known name has: most names read are ruled out by one test.
         const KNOWN_LENGTHS: u64 = 0 $(| 1 << $name.len())*;
     };
@@ -38,28 +36,17 @@ known_names![
     "x-ratelimit-remaining-tokens",
 ];
 
-const fn signature(name: &[u8]) -> u16 {
-    match name.first() {
-        Some(first) if name.len() < 256 => {
-            ((name.len() as u16) << 8) | first.to_ascii_lowercase() as u16
-        }
-        _ => 0,
-    }
-}
-
 /// A header name as read off the wire, in any case.
 pub fn header_name(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
     if name.len() >= 64 || KNOWN_LENGTHS & (1 << name.len()) == 0 {
         return HeaderName::from_bytes(name);
     }
-    let wanted = signature(name);
-    let known = KNOWN_SIGNATURES
+    // A name of another length is ruled out by its first compare.
+    let known = KNOWN_NAMES
         .iter()
-        .zip(&KNOWN_NAMES)
-        .filter(|(signature, _)| **signature == wanted && wanted != 0)
-        .find(|(_, known)| known.as_str().as_bytes().eq_ignore_ascii_case(name));
+        .find(|known| known.as_str().as_bytes().eq_ignore_ascii_case(name));
     match known {
-        Some((_, known)) => Ok(known.clone()),
+        Some(known) => Ok(known.clone()),
         None => HeaderName::from_bytes(name),
     }
 }
