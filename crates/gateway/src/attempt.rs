@@ -78,6 +78,9 @@ impl Dispatch {
             &candidate.deployment,
             self.operation,
             request,
+            runtime
+                .uris
+                .get(candidate.backend, &candidate.deployment, self.operation),
         )
         .map_err(|e| match e {
             Unsendable::Invalid(message) => provider::refusal(&message),

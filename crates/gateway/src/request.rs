@@ -20,6 +20,12 @@ pub enum Operation {
 }
 
 impl Operation {
+    pub const ALL: [Operation; 3] = [
+        Operation::ChatCompletions,
+        Operation::Embeddings,
+        Operation::Responses,
+    ];
+
     /// The path suffix shared by every OpenAI-shaped dialect.
     pub fn path(self) -> &'static str {
         match self {

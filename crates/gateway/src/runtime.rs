@@ -23,6 +23,8 @@ pub struct Runtime {
     pub credentials: Vec<Option<(&'static str, HeaderValue)>>,
     /// Each backend's `x-onedoor-backend` and `x-onedoor-region` values, made once.
     pub answered_by: Vec<[Option<HeaderValue>; 2]>,
+    /// The upstream URL of every configured target, made once.
+    pub uris: provider::Uris,
     /// One counter per alias (same index as `snapshot.aliases`), the last one for `"*"`.
     turns: Vec<AtomicU64>,
     /// The shared state: not-served cache, cooldowns, breaker records, meters.
@@ -55,6 +57,7 @@ impl Runtime {
             .iter()
             .map(|b| [&b.name, &b.region].map(|v| HeaderValue::from_str(v).ok()))
             .collect();
+        let uris = provider::Uris::new(&snapshot);
         let turns = (0..=snapshot.aliases.len())
             .map(|_| AtomicU64::new(0))
             .collect();
@@ -74,6 +77,7 @@ impl Runtime {
             clients,
             credentials,
             answered_by,
+            uris,
             turns,
             state,
             loads,

@@ -4,32 +4,32 @@
 //! (`/openai/v1/responses`), where the body's `model` names the deployment.
 
 use bytes::Bytes;
-use http::Uri;
 use onedoor_config::Backend;
 
-use super::{openai_body, Unsendable};
+use super::openai_body;
 use crate::request::{ClientRequest, Operation};
 
-pub fn wire(
-    backend: &Backend,
-    deployment: &str,
-    operation: Operation,
-    request: &ClientRequest,
-) -> Result<(Uri, Bytes), Unsendable> {
-    if operation == Operation::Responses {
-        let uri = format!("{}/openai/v1/{}", backend.url, operation.path());
-        let uri = uri.parse().map_err(|_| Unsendable::BadUrl)?;
-        return Ok((uri, openai_body(request, Some(deployment), operation)));
+/// The body an Azure deployment gets for `request`: on the Responses API the deployment is the
+/// body's `model`; elsewhere the deployment is in the URL ([`url`]).
+pub fn body(deployment: &str, operation: Operation, request: &ClientRequest) -> Bytes {
+    match operation {
+        Operation::Responses => openai_body(request, Some(deployment), operation),
+        _ => openai_body(request, None, operation),
     }
-    let uri = format!(
+}
+
+/// The URL of `operation` on `deployment`.
+pub fn url(backend: &Backend, deployment: &str, operation: Operation) -> String {
+    if operation == Operation::Responses {
+        return format!("{}/openai/v1/{}", backend.url, operation.path());
+    }
+    format!(
         "{}/openai/deployments/{}/{}?api-version={}",
         backend.url,
         encode_segment(deployment),
         operation.path(),
         backend.api_version
-    );
-    let uri = uri.parse().map_err(|_| Unsendable::BadUrl)?;
-    Ok((uri, openai_body(request, None, operation)))
+    )
 }
 
 /// Deployment names are letters, digits, `-`, `_` and `.`; anything else is percent-encoded so a

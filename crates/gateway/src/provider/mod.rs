@@ -10,7 +10,7 @@ pub mod responses;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Uri};
-use onedoor_config::{Backend, Provider};
+use onedoor_config::{Backend, Provider, Snapshot};
 use serde_json::Value;
 
 use crate::affinity::ResponsePin;
@@ -90,17 +90,77 @@ pub fn reports_stream_usage(backend: &Backend) -> bool {
     matches!(backend.provider, Provider::Azure | Provider::Anthropic)
 }
 
+/// The [`uri`] of every configured target for every operation, made once per config, so a
+/// request to a configured deployment clones its URL instead of formatting and parsing it.
+#[derive(Default)]
+pub struct Uris {
+    /// Per backend (same index as `snapshot.backends`): deployment, operation, URL.
+    known: Vec<Vec<(String, Operation, Uri)>>,
+}
+
+impl Uris {
+    pub fn new(snapshot: &Snapshot) -> Uris {
+        let mut known: Vec<Vec<(String, Operation, Uri)>> =
+            snapshot.backends.iter().map(|_| Vec::new()).collect();
+        let targets = snapshot.aliases.iter().flat_map(|alias| &alias.targets);
+        for target in targets {
+            let (Some(backend), Some(deployment), Some(slot)) = (
+                snapshot.backends.get(target.backend),
+                target.deployment.as_deref(),
+                known.get_mut(target.backend),
+            ) else {
+                continue;
+            };
+            if slot.iter().any(|(known, ..)| known == deployment) {
+                continue;
+            }
+            for operation in Operation::ALL {
+                if let Ok(uri) = uri(backend, deployment, operation) {
+                    slot.push((deployment.to_owned(), operation, uri));
+                }
+            }
+        }
+        Uris { known }
+    }
+
+    /// The URL made for `deployment` and `operation` on `backend`, if it is a configured one.
+    pub fn get(&self, backend: usize, deployment: &str, operation: Operation) -> Option<Uri> {
+        self.known
+            .get(backend)?
+            .iter()
+            .find(|(known, op, _)| *op == operation && known == deployment)
+            .map(|(.., uri)| uri.clone())
+    }
+}
+
+/// Where a request for `deployment` and `operation` goes on `backend`.
+pub fn uri(backend: &Backend, deployment: &str, operation: Operation) -> Result<Uri, Unsendable> {
+    let url = match backend.provider {
+        Provider::Azure => azure::url(backend, deployment, operation),
+        Provider::OpenAi => openai::url(backend, operation),
+        Provider::Anthropic => anthropic::url(backend),
+    };
+    url.parse().map_err(|_| Unsendable::BadUrl)
+}
+
+/// The request `backend` gets for `request`, sent to `deployment` (its model name on OpenAI and
+/// Anthropic backends); `known` is its [`uri`] when the caller has it made already.
 pub fn build(
     backend: &Backend,
     credential: Option<&(&'static str, HeaderValue)>,
     deployment: &str,
     operation: Operation,
     request: &ClientRequest,
+    known: Option<Uri>,
 ) -> Result<WireRequest, Unsendable> {
-    let (uri, body) = match backend.provider {
-        Provider::Azure => azure::wire(backend, deployment, operation, request)?,
-        Provider::OpenAi => openai::wire(backend, deployment, operation, request)?,
-        Provider::Anthropic => anthropic::wire(backend, deployment, request)?,
+    let body = match backend.provider {
+        Provider::Azure => azure::body(deployment, operation, request),
+        Provider::OpenAi => openai_body(request, Some(deployment), operation),
+        Provider::Anthropic => anthropic::body(deployment, request)?,
+    };
+    let uri = match known {
+        Some(uri) => uri,
+        None => uri(backend, deployment, operation)?,
     };
     let mut headers = HeaderMap::with_capacity(4);
     headers.insert(
@@ -241,5 +301,54 @@ pub fn events(
             request.include_usage,
             prompt,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        let yaml = "backends:
+  - { name: se, provider: azure, url: 'https://se.example.com', region: se, api_key: k, api_version: 2024-10-21 }
+  - { name: local, provider: openai, url: 'http://127.0.0.1:8000/v1', region: se, api_key: k }
+  - { name: claude, provider: anthropic, url: 'https://api.anthropic.com', region: us, api_key: k }
+models:
+  - name: chat
+    targets:
+      - { backend: se, deployment: gpt-4o }
+      - { backend: local, model: llama }
+      - { backend: claude, model: claude-sonnet }
+";
+        onedoor_config::parse(yaml, std::path::Path::new("t.yaml"), &|_| None).unwrap()
+    }
+
+    #[test]
+    fn a_configured_target_gets_the_url_it_would_have_been_given() {
+        let snapshot = snapshot();
+        let uris = Uris::new(&snapshot);
+        let targets = [(0, "gpt-4o"), (1, "llama"), (2, "claude-sonnet")];
+        for (backend, deployment) in targets {
+            for operation in Operation::ALL {
+                let made = uri(&snapshot.backends[backend], deployment, operation).unwrap();
+                assert_eq!(uris.get(backend, deployment, operation), Some(made));
+            }
+        }
+        assert_eq!(
+            uris.get(0, "gpt-4o", Operation::ChatCompletions)
+                .unwrap()
+                .to_string(),
+            "https://se.example.com/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"
+        );
+    }
+
+    #[test]
+    fn a_deployment_no_target_names_is_made_on_demand() {
+        let uris = Uris::new(&snapshot());
+        assert_eq!(uris.get(0, "gpt-4o-mini", Operation::ChatCompletions), None);
+        assert_eq!(uris.get(1, "gpt-4o", Operation::ChatCompletions), None);
+        assert_eq!(uris.get(9, "gpt-4o", Operation::ChatCompletions), None);
     }
 }

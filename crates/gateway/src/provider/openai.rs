@@ -1,20 +1,11 @@
 //! OpenAI-compatible servers: `{url}/chat/completions` (`/embeddings`, `/responses`) with a
 //! Bearer key; the body's `model` must name the server's model, so it is replaced.
 
-use bytes::Bytes;
-use http::Uri;
 use onedoor_config::Backend;
 
-use super::{openai_body, Unsendable};
-use crate::request::{ClientRequest, Operation};
+use crate::request::Operation;
 
-pub fn wire(
-    backend: &Backend,
-    model: &str,
-    operation: Operation,
-    request: &ClientRequest,
-) -> Result<(Uri, Bytes), Unsendable> {
-    let uri = format!("{}/{}", backend.url, operation.path());
-    let uri = uri.parse().map_err(|_| Unsendable::BadUrl)?;
-    Ok((uri, openai_body(request, Some(model), operation)))
+/// The URL of `operation` on `backend`.
+pub fn url(backend: &Backend, operation: Operation) -> String {
+    format!("{}/{}", backend.url, operation.path())
 }

@@ -8,7 +8,6 @@ mod events;
 mod request;
 
 use bytes::Bytes;
-use http::Uri;
 use onedoor_config::Backend;
 use serde_json::Value;
 
@@ -18,18 +17,17 @@ use super::Unsendable;
 use crate::request::ClientRequest;
 use crate::usage::Usage;
 
-pub fn wire(
-    backend: &Backend,
-    model: &str,
-    request: &ClientRequest,
-) -> Result<(Uri, Bytes), Unsendable> {
-    let uri = format!("{}/v1/messages", backend.url)
-        .parse()
-        .map_err(|_| Unsendable::BadUrl)?;
+/// The Messages URL of `backend`.
+pub fn url(backend: &Backend) -> String {
+    format!("{}/v1/messages", backend.url)
+}
+
+/// The Messages request body for an OpenAI chat `request`, asking for `model`.
+pub fn body(model: &str, request: &ClientRequest) -> Result<Bytes, Unsendable> {
     let chat: Value = serde_json::from_slice(&request.raw)
         .map_err(|e| Unsendable::Invalid(format!("the request body is not valid JSON: {e}")))?;
     let body = translate_request(&chat, model)?;
-    Ok((uri, Bytes::from(body.to_string())))
+    Ok(Bytes::from(body.to_string()))
 }
 
 /// The Messages request for an OpenAI chat request (also what the snapshot tests read).
