@@ -1,6 +1,7 @@
 //! The `onedoor` command line: `serve`, `demo`, `validate`, `keys new`, `usage report`, `mock`.
 //! Each command wires parts together; the parts hold the logic.
 
+mod allocator;
 mod demo;
 mod keys;
 mod usage;
@@ -10,27 +11,6 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use onedoor_gateway::StartError;
-
-/// mimalloc: the request path allocates and frees many small buffers on two threads, which
-/// glibc's allocator spends about a tenth of the gateway's CPU on; it also returns freed memory
-/// to the system instead of keeping a peak's worth resident.
-#[cfg(not(feature = "system-allocator"))]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Hands the memory this thread freed back to the system: mimalloc purges freed pages a second
-/// after the free, but only when the freeing thread next calls into the allocator, which a lane
-/// whose connections all went idle (and parked) does not; the lanes call this once a second.
-#[cfg(not(feature = "system-allocator"))]
-#[allow(unsafe_code)]
-fn return_freed_memory() {
-    // SAFETY: `mi_collect` works on the calling thread's own heap and takes no pointers; with
-    // `force` false it frees empty pages and runs the purges that are due, nothing else.
-    unsafe { libmimalloc_sys::mi_collect(false) };
-}
-
-#[cfg(feature = "system-allocator")]
-fn return_freed_memory() {}
 
 #[derive(Parser)]
 #[command(
@@ -95,7 +75,7 @@ enum KeysCommand {
 }
 
 fn main() -> ExitCode {
-    onedoor_gateway::set_lane_housekeeping(return_freed_memory);
+    onedoor_gateway::set_lane_housekeeping(allocator::return_freed_memory);
     let cli = Cli::parse();
     init_logs();
     match cli.command {
