@@ -6,18 +6,24 @@ use bytes::{Bytes, BytesMut};
 use http::header::{HeaderName, InvalidHeaderName};
 use http::{header, HeaderMap, Version};
 
-/// Header names outside the standard set that model providers and their clients send on nearly
-/// every message: read as these constants, they cost no allocation (a standard name never does).
+/// Header names that model providers and their clients send on nearly every message, read as
+/// these constants: a name outside the standard set costs no allocation, and a standard one
+/// skips `HeaderName::from_bytes`'s copy and lowercasing.
 macro_rules! known_names {
     ($($name:literal),* $(,)?) => {
-        const KNOWN: usize = [$($name),*].len();
-        static KNOWN_NAMES: [HeaderName; KNOWN] = [$(HeaderName::from_static($name)),*];
-        /// A bit for each length a known name has: most names read are ruled out by one test.
-        const KNOWN_LENGTHS: u64 = 0 $(| 1 << $name.len())*;
+        const NAMES: [&str; [$($name),*].len()] = [$($name),*];
+        static KNOWN_NAMES: [HeaderName; NAMES.len()] = [$(HeaderName::from_static($name)),*];
     };
 }
 
 known_names![
+    "host",
+    "content-type",
+    "content-length",
+    "date",
+    "authorization",
+    "accept",
+    "user-agent",
     "api-key",
     "x-api-key",
     "x-request-id",
@@ -36,19 +42,45 @@ known_names![
     "x-ratelimit-remaining-tokens",
 ];
 
+/// Known names longer than this are not looked up.
+const LONGEST: usize = 40;
+/// At most this many known names share a length.
+const SAME_LENGTH: usize = 3;
+/// A slot of [`BY_LENGTH`] without a name.
+const NONE: u8 = u8::MAX;
+
+/// For each length, the indices in [`NAMES`] of the known names that long: a name read off the
+/// wire is compared with those alone.
+static BY_LENGTH: [[u8; SAME_LENGTH]; LONGEST + 1] = by_length();
+
+const fn by_length() -> [[u8; SAME_LENGTH]; LONGEST + 1] {
+    let mut table = [[NONE; SAME_LENGTH]; LONGEST + 1];
+    let mut i = 0;
+    while i < NAMES.len() {
+        let slots = &mut table[NAMES[i].len()];
+        let mut slot = 0;
+        while slots[slot] != NONE {
+            slot += 1;
+        }
+        slots[slot] = i as u8;
+        i += 1;
+    }
+    table
+}
+
 /// A header name as read off the wire, in any case.
 pub fn header_name(name: &[u8]) -> Result<HeaderName, InvalidHeaderName> {
-    if name.len() >= 64 || KNOWN_LENGTHS & (1 << name.len()) == 0 {
-        return HeaderName::from_bytes(name);
+    let candidates = BY_LENGTH.get(name.len()).into_iter().flatten();
+    for &index in candidates.take_while(|&&index| index != NONE) {
+        let index = usize::from(index);
+        let (Some(known), Some(header)) = (NAMES.get(index), KNOWN_NAMES.get(index)) else {
+            break;
+        };
+        if known.as_bytes() == name || known.as_bytes().eq_ignore_ascii_case(name) {
+            return Ok(header.clone());
+        }
     }
-    // A name of another length is ruled out by its first compare.
-    let known = KNOWN_NAMES
-        .iter()
-        .find(|known| known.as_str().as_bytes().eq_ignore_ascii_case(name));
-    match known {
-        Some(known) => Ok(known.clone()),
-        None => HeaderName::from_bytes(name),
-    }
+    HeaderName::from_bytes(name)
 }
 
 /// Where the decoding of a chunked body stands.
@@ -288,10 +320,18 @@ mod tests {
             "X-Ms-Region",
             "x-custom-thing",
             "Content-Type",
+            "content-length",
+            "HOST",
+            "x-hostname",
+            "X-RateLimit-Remaining-Requests",
         ] {
             let read = header_name(wire.as_bytes()).unwrap();
             assert_eq!(read, HeaderName::from_bytes(wire.as_bytes()).unwrap());
             assert_eq!(read.as_str(), wire.to_ascii_lowercase());
+        }
+        for known in NAMES {
+            let read = header_name(known.to_ascii_uppercase().as_bytes()).unwrap();
+            assert_eq!(read, HeaderName::from_static(known));
         }
         assert!(header_name(b"bad name").is_err());
         assert!(header_name(b"").is_err());
