@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::sync::LazyLock;
 
 use bytes::Bytes;
-use memchr::memmem::{Finder, FinderRev};
+use memchr::memmem::Finder;
 use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -495,11 +495,10 @@ impl Annotations {
 /// `usage` object followed by a single `}` and the end is a member of the outermost object.
 fn trailing_usage(body: &[u8]) -> Option<Usage> {
     static TOOL_CALLS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"tool_calls\""));
-    static USAGE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\"usage\""));
     if TOOL_CALLS.find(body).is_some() {
         return None;
     }
-    let key = USAGE.rfind(body)?;
+    let key = last_usage_key(body)?;
     if key == 0 || body[key - 1] == b'\\' {
         return None;
     }
@@ -510,6 +509,17 @@ fn trailing_usage(body: &[u8]) -> Option<Usage> {
     let usage = read.next()?.ok()?;
     let after = value.get(read.byte_offset()..)?;
     (after.trim_ascii() == b"}").then(|| usage.usage())?
+}
+
+/// Where the last `"usage"` in `body` begins. A backwards substring search has no vector
+/// prefilter; the letter `u` has one (`memrchr`), and few others in an answer's tail are one.
+fn last_usage_key(body: &[u8]) -> Option<usize> {
+    memchr::memrchr_iter(b'u', body)
+        .filter_map(|u| u.checked_sub(1))
+        .find(|&quote| {
+            body.get(quote..)
+                .is_some_and(|tail| tail.starts_with(b"\"usage\""))
+        })
 }
 
 /// A chat completion as far as [`completion`] reads it, borrowed from the body: anything else
@@ -650,6 +660,28 @@ mod tests {
         assert_eq!(tokens(usage), Some((9, 0, 0)));
         let (_, usage, _) = completion(Bytes::from_static(elsewhere[2]));
         assert_eq!(tokens(usage), None);
+    }
+
+    #[test]
+    fn the_last_usage_key_is_found_wherever_it_is() {
+        let bodies: [&[u8]; 7] = [
+            br#""usage""#,
+            br#"{"usage":{"u":"usage"},"uu":"u\"usage"}"#,
+            br#"{"usage":1,"usage_x":2}"#,
+            br#"usage"usage"#,
+            b"",
+            b"u",
+            br#"{"id":"x"}"#,
+        ];
+        for body in bodies {
+            let naive = body.windows(7).rposition(|w| w == b"\"usage\"");
+            assert_eq!(
+                last_usage_key(body),
+                naive,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
