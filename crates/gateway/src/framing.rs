@@ -42,9 +42,9 @@ known_names![
     "x-ratelimit-remaining-tokens",
 ];
 
-/// Known names longer than this are not looked up.
+/// The longest a known name may be; a longer one stops the build (in [`by_length`]).
 const LONGEST: usize = 40;
-/// At most this many known names share a length.
+/// The most known names that may share a length; one more stops the build.
 const SAME_LENGTH: usize = 3;
 /// A slot of [`BY_LENGTH`] without a name.
 const NONE: u8 = u8::MAX;

@@ -92,7 +92,6 @@ pub fn reports_stream_usage(backend: &Backend) -> bool {
 
 /// The [`uri`] of every configured target for every operation, made once per config, so a
 /// request to a configured deployment clones its URL instead of formatting and parsing it.
-#[derive(Default)]
 pub struct Uris {
     /// Per backend (same index as `snapshot.backends`): deployment, operation, URL.
     known: Vec<Vec<(String, Operation, Uri)>>,
