@@ -328,7 +328,11 @@ impl Seen {
         self.first_at.get_or_insert_with(Instant::now);
         let lines = std::iter::once(0).chain(memchr::memchr_iter(b'\n', data).map(|at| at + 1));
         for start in lines {
-            let Some(rest) = data[start..].strip_prefix(b"data:") else {
+            let line = &data[start..];
+            if line.starts_with(b"event: error") {
+                self.cut = true;
+            }
+            let Some(rest) = line.strip_prefix(b"data:") else {
                 continue;
             };
             let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
@@ -339,9 +343,6 @@ impl Seen {
                 self.events += 1;
                 self.usage = self.usage.or_else(|| streamed_usage(payload));
             }
-        }
-        if data.starts_with(b"event: error") || ERROR_EVENT.find(data).is_some() {
-            self.cut = true;
         }
     }
 }
@@ -355,9 +356,8 @@ fn streamed_usage(payload: &[u8]) -> Option<Tokens> {
     measured(payload)
 }
 
-/// Searchers built once: building one costs more than searching a short event with it.
+/// Built once: building a searcher costs more than searching a short event with it.
 static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
-static ERROR_EVENT: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\nevent: error"));
 
 /// Whether `"usage"` is followed by `:` and an object somewhere in `payload`.
 fn has_usage_object(payload: &[u8]) -> bool {
@@ -488,5 +488,16 @@ mod tests {
         assert!(!seen.cut);
         seen.frame(b"data: {\"error\":{\"message\":\"cut\"}}\n\n");
         assert!(seen.cut);
+        for frame in [
+            &b"event: error\ndata: {\"type\":\"error\"}\n\n"[..],
+            b"event: ping\ndata: {}\n\nevent: error\ndata: {}\n\n",
+        ] {
+            let mut seen = Seen::default();
+            seen.frame(frame);
+            assert!(seen.cut, "{}", String::from_utf8_lossy(frame));
+        }
+        let mut seen = Seen::default();
+        seen.frame(b"event: ping\ndata: {\"text\":\"event: error\"}\n\n");
+        assert!(!seen.cut);
     }
 }

@@ -100,6 +100,26 @@ fn find_event_end(buffer: &[u8]) -> Option<usize> {
 /// The `data:` payload of an event (multi-line data joined by `\n`), borrowed from the event
 /// when it has a single data line.
 pub fn event_data(event: &[u8]) -> Cow<'_, [u8]> {
+    match single_data_line(event) {
+        Some(data) => Cow::Borrowed(data),
+        None => data_lines(event),
+    }
+}
+
+/// The payload of the usual event, one `data:` line and the blank line, found with one search.
+fn single_data_line(event: &[u8]) -> Option<&[u8]> {
+    let rest = event.strip_prefix(b"data:")?;
+    let end = memchr::memchr(b'\n', rest)?;
+    if !matches!(&rest[end + 1..], b"\n" | b"\r\n") {
+        return None;
+    }
+    let line = &rest[..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    Some(line.strip_prefix(b" ").unwrap_or(line))
+}
+
+/// [`event_data`] line by line.
+fn data_lines(event: &[u8]) -> Cow<'_, [u8]> {
     let mut data = Cow::Borrowed(&[][..]);
     let mut lines = 0;
     let starts = std::iter::once(0).chain(memchr::memchr_iter(b'\n', event).map(|at| at + 1));
@@ -737,6 +757,30 @@ mod tests {
         assert_eq!(framer.next_event(), None);
         assert!(matches!(event_data(b"data: a\n\n"), Cow::Borrowed(b"a")));
         assert_eq!(&*event_data(b"data: a\ndata: b\n\n"), b"a\nb");
+        let events: [&[u8]; 10] = [
+            b"data: a\n\n",
+            b"data:a\r\n\r\n",
+            b"data:  a \r\n\n",
+            b"data: a\n",
+            b"data: a\n\n\n",
+            b"data: a\ndata: b\n\n",
+            b"event: x\ndata: a\n\n",
+            b"data:\n\n",
+            b"data: a\r\r\n\n",
+            b": comment\n\n",
+        ];
+        for event in events {
+            let lines = data_lines(event);
+            assert_eq!(
+                event_data(event),
+                lines,
+                "{}",
+                String::from_utf8_lossy(event)
+            );
+            if let Some(single) = single_data_line(event) {
+                assert_eq!(single, &*lines, "{}", String::from_utf8_lossy(event));
+            }
+        }
     }
 
     #[test]

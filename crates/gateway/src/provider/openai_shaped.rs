@@ -5,7 +5,7 @@
 //! chunk or body that needs no repair is relayed byte for byte.
 
 use std::borrow::Cow;
-
+use std::ops::Range;
 use std::sync::LazyLock;
 
 use bytes::Bytes;
@@ -86,6 +86,8 @@ pub struct ChatEvents {
     /// Azure chunks' start up to and with their first choice's content-filter results, as an
     /// earlier chunk had it (see [`Annotations`]).
     annotations: Annotations,
+    /// The last chunk that went out with text, for telling the next one by its bytes.
+    last_text: LastText,
 }
 
 impl ChatEvents {
@@ -101,6 +103,7 @@ impl ChatEvents {
             done: false,
             finish_reason: None,
             annotations: Annotations::default(),
+            last_text: LastText::default(),
         }
     }
 
@@ -200,11 +203,31 @@ impl ChatEvents {
         if let Some(reason) = choices.finish_reason {
             self.finish_reason = Some(reason.0.into_owned());
         }
-        Some(match (choices.count, choices.finished, choices.content) {
+        let kind = match (choices.count, choices.finished, choices.content) {
             (0, _, _) if chunk.prompt_filter_results.is_some() => EventKind::FilterOnly,
             (0, _, _) | (_, false, false) => EventKind::Meta,
             (_, finished, _) => EventKind::Content { finished },
-        })
+        };
+        if let (EventKind::Content { finished: false }, 1, Some(text)) =
+            (kind, choices.count, choices.text)
+        {
+            let at = text.as_ptr() as usize - read.as_ptr() as usize;
+            let at = match known {
+                true => (at + self.annotations.known.len()).checked_sub(OPENED.len()),
+                false => Some(at),
+            };
+            self.last_text.learn(data, at, text);
+        }
+        Some(kind)
+    }
+
+    /// The kind of a chunk that is the last one with text with other text (see [`LastText`]).
+    fn same_but_text(&mut self, data: &[u8]) -> Option<EventKind> {
+        if self.saw_tool {
+            return None;
+        }
+        self.completion_chars += self.last_text.chars_instead(data)?;
+        Some(EventKind::Content { finished: false })
     }
 
     fn end(&mut self, done: Bytes, out: &mut Vec<(EventKind, Bytes)>) {
@@ -229,6 +252,11 @@ impl EventTranslator for ChatEvents {
         if data == b"[DONE]" {
             return self.end(event, out);
         }
+        if let Some(kind) = self.same_but_text(data) {
+            out.push((kind, event));
+            return;
+        }
+        self.last_text.forget();
         if let Some(kind) = self.pass(data) {
             out.push((kind, event));
             return;
@@ -322,11 +350,45 @@ impl<'de> Deserialize<'de> for Chars {
     }
 }
 
+/// A delta's text: its characters, and the text itself when it stands in the chunk as it reads
+/// (no escapes in it).
+struct Content<'a> {
+    chars: usize,
+    unescaped: Option<&'a str>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Read<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for Read<'a> {
+            type Value = Content<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Content<'a>, E> {
+                Ok(Content {
+                    chars: text.chars().count(),
+                    unescaped: Some(text),
+                })
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Content<'a>, E> {
+                Ok(Content {
+                    chars: text.chars().count(),
+                    unescaped: None,
+                })
+            }
+        }
+        deserializer.deserialize_str(Read(std::marker::PhantomData))
+    }
+}
+
 /// What a chunk's choices say, summed over them as they are read (no list is built).
 #[derive(Default)]
 struct PassingChoices<'a> {
     count: usize,
     content_chars: usize,
+    /// The first choice's text, when it has no escapes.
+    text: Option<&'a str>,
     /// Text or a refusal in a delta.
     content: bool,
     tool_calls: bool,
@@ -341,16 +403,16 @@ struct PassingChoices<'a> {
 struct PassingChoice<'a> {
     #[serde(borrow, default)]
     content_filter_results: Option<&'a RawValue>,
-    #[serde(default)]
-    delta: Option<PassingDelta>,
+    #[serde(borrow, default)]
+    delta: Option<PassingDelta<'a>>,
     #[serde(borrow, default)]
     finish_reason: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
-struct PassingDelta {
-    #[serde(default)]
-    content: Option<Chars>,
+struct PassingDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Content<'a>>,
     #[serde(default)]
     tool_calls: Option<IgnoredAny>,
     #[serde(default)]
@@ -373,7 +435,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for PassingChoices<'a> {
                     }
                     sum.count += 1;
                     if let Some(delta) = choice.delta {
-                        let text = delta.content.map_or(0, |c| c.0);
+                        if sum.count == 1 {
+                            sum.text = delta.content.as_ref().and_then(|c| c.unescaped);
+                        }
+                        let text = delta.content.map_or(0, |c| c.chars);
                         sum.content_chars += text;
                         sum.content |= text > 0 || delta.refusal.is_some_and(|r| r.0 > 0);
                         sum.tool_calls |= delta.tool_calls.is_some();
@@ -480,6 +545,62 @@ impl Annotations {
             self.known.clear();
             self.known.extend_from_slice(&data[..=end]);
         }
+    }
+}
+
+/// The last chunk that went out as it came with text in its only choice, and where that text
+/// stands in it. A model streams chunks that differ in their text alone. A chunk with the same
+/// bytes before and after the text, and between them a string with nothing to unescape, is the
+/// same JSON with other text: its kind is known without reading it.
+///
+/// Why that holds: the bytes before the text end in its opening quote and the bytes after it
+/// begin with its closing one. Text without a quote, a backslash or a control character is a
+/// whole JSON string body on its own, so the parser reads the new chunk token for token as the
+/// last one, that string's value aside.
+#[derive(Default)]
+struct LastText {
+    data: Vec<u8>,
+    /// The text between its quotes; empty when no chunk is known.
+    text: Range<usize>,
+}
+
+impl LastText {
+    /// Keeps `data`, whose text is `text` at `at` (checked).
+    fn learn(&mut self, data: &[u8], at: Option<usize>, text: &str) {
+        let Some(at) = at.filter(|&at| at > 0 && !text.is_empty()) else {
+            return self.forget();
+        };
+        let end = at + text.len();
+        let quoted = data.get(at - 1) == Some(&b'"') && data.get(end) == Some(&b'"');
+        if !quoted || data.get(at..end) != Some(text.as_bytes()) {
+            return self.forget();
+        }
+        self.data.clear();
+        self.data.extend_from_slice(data);
+        self.text = at..end;
+    }
+
+    fn forget(&mut self) {
+        self.text = 0..0;
+    }
+
+    /// The characters of `data`'s text when `data` is the known chunk with other, non-empty
+    /// text.
+    fn chars_instead(&self, data: &[u8]) -> Option<usize> {
+        if self.text.is_empty() {
+            return None;
+        }
+        let before = &self.data[..self.text.start];
+        let after = &self.data[self.text.end..];
+        let end = data.len().checked_sub(after.len())?;
+        if end <= before.len() || data[..before.len()] != *before || data[end..] != *after {
+            return None;
+        }
+        let text = &data[before.len()..end];
+        if text.iter().any(|&b| b == b'"' || b == b'\\' || b < 0x20) {
+            return None;
+        }
+        Some(std::str::from_utf8(text).ok()?.chars().count())
     }
 }
 
@@ -801,6 +922,99 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_chunk_that_differs_from_the_last_in_its_text_alone_is_told_by_its_bytes() {
+        let texts = [
+            "Hel",
+            "lo",
+            "",
+            " w\\\"or\\u00e9ld",
+            "é",
+            "\\n",
+            "x",
+            "a\\\"b",
+            "y",
+            "z",
+        ];
+        let mut events = ChatEvents::new(false, 0);
+        let mut out = Vec::new();
+        let mut chars = 0;
+        let mut learned = false;
+        for (i, text) in texts.into_iter().enumerate() {
+            let event = chunk(text);
+            let whole: Value = serde_json::from_slice(&event_data(&event)).unwrap();
+            let expected = classify(&event);
+            chars += whole["choices"][0]["delta"]["content"]
+                .as_str()
+                .map_or(0, |t| t.chars().count());
+            let told = events
+                .last_text
+                .chars_instead(&event_data(&event))
+                .is_some();
+            let simple = !text.is_empty() && !text.contains(['\\', '"']);
+            assert_eq!(told, simple && learned, "{text}");
+            // The first chunk brings the stream's id: it is read whole, and not kept.
+            learned = simple && i > 0;
+            events.translate(event, &mut out);
+            assert_eq!(out.pop().map(|(kind, _)| kind), Some(expected), "{text}");
+        }
+        assert_eq!(events.completion_chars, chars);
+        let finished = AZURE_CHUNK
+            .replace("TEXT", "z")
+            .replace("\"finish_reason\":null", "\"finish_reason\":\"stop\"");
+        events.translate(Bytes::from(format!("data: {finished}\n\n")), &mut out);
+        assert_eq!(
+            out.pop().map(|(kind, _)| kind),
+            Some(EventKind::Content { finished: true })
+        );
+        assert_eq!(events.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn a_chunk_told_by_its_bytes_is_the_last_one_with_other_text() {
+        use rand::{Rng, SeedableRng};
+        let mut events = ChatEvents::new(false, 0);
+        let mut out = Vec::new();
+        events.translate(chunk("first"), &mut out);
+        events.translate(chunk("second"), &mut out);
+        let known = events.last_text.data.clone();
+        let learned: Value = serde_json::from_slice(&known).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let mut told = 0;
+        let text = events.last_text.text.clone();
+        for _ in 0..5000 {
+            let mut data = known.clone();
+            for _ in 0..rng.random_range(1..4) {
+                // Mostly in and around the text, where a change can keep the chunk's shape.
+                let at = match rng.random_bool(0.8) {
+                    true => rng.random_range(text.start - 2..(text.end + 2).min(data.len())),
+                    false => rng.random_range(0..data.len()),
+                };
+                match rng.random_range(0..4) {
+                    0 => data[at] ^= 1 << rng.random_range(0..8),
+                    1 => drop(data.remove(at)),
+                    _ => {
+                        const BYTES: &[u8] = b"{}[],:\"\\ 0a\x01\xc3\xa9";
+                        data.insert(at, BYTES[rng.random_range(0..BYTES.len())]);
+                    }
+                }
+            }
+            let Some(chars) = events.last_text.chars_instead(&data) else {
+                continue;
+            };
+            told += 1;
+            let mut value: Value = serde_json::from_slice(&data)
+                .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&data)));
+            let text = value["choices"][0]["delta"]["content"].take();
+            assert_eq!(text.as_str().map(|t| t.chars().count()), Some(chars));
+            assert!(chars > 0);
+            let mut expected = learned.clone();
+            expected["choices"][0]["delta"]["content"] = Value::Null;
+            assert_eq!(value, expected, "{}", String::from_utf8_lossy(&data));
+        }
+        assert!(told > 100, "only {told} chunks were told by their bytes");
     }
 
     #[test]
