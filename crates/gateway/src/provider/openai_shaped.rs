@@ -163,10 +163,11 @@ impl ChatEvents {
         Bytes::from(format!("data: {chunk}\n\n"))
     }
 
-    /// The kind of a chunk that goes out as it came, read without building its tree: no tool
-    /// calls, usage or error in it, and the stream's identity already known. `None` for any other
-    /// chunk, which [`EventTranslator::translate`] reads whole.
-    fn pass(&mut self, data: &[u8]) -> Option<EventKind> {
+    /// A chunk that goes out as it came (or, a usage the client did not ask for, stays here),
+    /// read without building its tree: no tool calls or error in it (the first to carry an id
+    /// gives the stream its identity). `None` for any other chunk, which
+    /// [`EventTranslator::translate`] reads whole.
+    fn pass(&mut self, data: &[u8]) -> Option<Passed> {
         if self.saw_tool {
             return None;
         }
@@ -178,7 +179,7 @@ impl ChatEvents {
 
     /// [`ChatEvents::pass`] on the chunk, read without its content-filter results when an
     /// earlier chunk began with the same ones.
-    fn pass_read(&mut self, data: &[u8], shortened: &mut Vec<u8>) -> Option<EventKind> {
+    fn pass_read(&mut self, data: &[u8], shortened: &mut Vec<u8>) -> Option<Passed> {
         let known = self.annotations.shorten(data, shortened);
         let read = match known {
             true => &shortened[..],
@@ -190,13 +191,17 @@ impl ChatEvents {
         if !known {
             self.annotations.learn(data, chunk.choices.first_filter);
         }
-        let new_identity = chunk.id.is_some_and(|id| !id.0.is_empty()) && self.identity["id"] == "";
-        if chunk.error.is_some()
-            || chunk.usage.is_some()
-            || chunk.choices.tool_calls
-            || new_identity
-        {
+        if chunk.error.is_some() || chunk.choices.tool_calls {
             return None;
+        }
+        if let Some(id) = chunk
+            .id
+            .filter(|id| !id.0.is_empty() && self.identity["id"] == "")
+        {
+            self.identity = identity(id, chunk.created, chunk.model);
+        }
+        if let Some(usage) = chunk.usage {
+            return self.take_usage(usage, chunk.choices.count);
         }
         let choices = chunk.choices;
         self.completion_chars += choices.content_chars;
@@ -218,7 +223,21 @@ impl ChatEvents {
             };
             self.last_text.learn(data, at, text);
         }
-        Some(kind)
+        Some(Passed::As(kind))
+    }
+
+    /// A usage chunk without choices: its usage is the stream's, and it goes out only when the
+    /// client asked for it. `None` for one with choices, or a usage this does not read.
+    fn take_usage(&mut self, usage: &RawValue, choices: usize) -> Option<Passed> {
+        if choices > 0 {
+            return None;
+        }
+        let usage = serde_json::from_str::<Value>(usage.get()).ok()?;
+        self.usage = Some(Usage::from_openai(&usage)?);
+        Some(match self.include_usage {
+            true => Passed::As(EventKind::Meta),
+            false => Passed::Kept,
+        })
     }
 
     /// The kind of a chunk that is the last one with text with other text (see [`LastText`]).
@@ -257,9 +276,10 @@ impl EventTranslator for ChatEvents {
             return;
         }
         self.last_text.forget();
-        if let Some(kind) = self.pass(data) {
-            out.push((kind, event));
-            return;
+        match self.pass(data) {
+            Some(Passed::As(kind)) => return out.push((kind, event)),
+            Some(Passed::Kept) => return,
+            None => {}
         }
         let Ok(mut chunk) = serde_json::from_slice::<Value>(data) else {
             out.push((EventKind::Malformed, event));
@@ -317,19 +337,41 @@ impl EventTranslator for ChatEvents {
 struct Passing<'a> {
     #[serde(borrow, default)]
     id: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    created: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
     #[serde(default)]
     error: Option<IgnoredAny>,
-    #[serde(default)]
-    usage: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
     #[serde(default)]
     prompt_filter_results: Option<IgnoredAny>,
     #[serde(borrow, default)]
     choices: PassingChoices<'a>,
 }
 
+/// What [`ChatEvents::pass`] made of a chunk.
+enum Passed {
+    /// It goes out as it came, as this kind.
+    As(EventKind),
+    /// A usage chunk the gateway asked for on the client's behalf: it stays here.
+    Kept,
+}
+
 /// A string borrowed from the event when it has no escapes.
 #[derive(Deserialize)]
 struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// A stream's `id`, `created` and `model`, as its first chunk with an id has them (`null` for
+/// those it lacks).
+fn identity(id: Text<'_>, created: Option<&RawValue>, model: Option<&RawValue>) -> Value {
+    let value = |raw: Option<&RawValue>| {
+        raw.and_then(|raw| serde_json::from_str(raw.get()).ok())
+            .unwrap_or(Value::Null)
+    };
+    json!({"id": id.0, "created": value(created), "model": value(model)})
+}
 
 /// The characters of a string, counted without keeping it.
 struct Chars(usize);
@@ -942,7 +984,7 @@ mod tests {
         let mut out = Vec::new();
         let mut chars = 0;
         let mut learned = false;
-        for (i, text) in texts.into_iter().enumerate() {
+        for text in texts {
             let event = chunk(text);
             let whole: Value = serde_json::from_slice(&event_data(&event)).unwrap();
             let expected = classify(&event);
@@ -955,8 +997,7 @@ mod tests {
                 .is_some();
             let simple = !text.is_empty() && !text.contains(['\\', '"']);
             assert_eq!(told, simple && learned, "{text}");
-            // The first chunk brings the stream's id: it is read whole, and not kept.
-            learned = simple && i > 0;
+            learned = simple;
             events.translate(event, &mut out);
             assert_eq!(out.pop().map(|(kind, _)| kind), Some(expected), "{text}");
         }
@@ -970,6 +1011,79 @@ mod tests {
             Some(EventKind::Content { finished: true })
         );
         assert_eq!(events.finish_reason.as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn the_first_chunk_with_an_id_gives_the_stream_its_identity() {
+        let role = r#"{"choices":[{"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0}],"created":1796280434,"id":"chatcmpl-1","model":"gpt-4o-2024-11-20","object":"chat.completion.chunk"}"#;
+        let done = Bytes::from_static(b"data: [DONE]\n\n");
+        let cases = [
+            (
+                role.to_owned(),
+                json!({"id": "chatcmpl-1", "created": 1796280434, "model": "gpt-4o-2024-11-20"}),
+            ),
+            (
+                role.replace(r#","model":"gpt-4o-2024-11-20""#, ""),
+                json!({"id": "chatcmpl-1", "created": 1796280434, "model": null}),
+            ),
+            (
+                role.replace("1796280434", "null"),
+                json!({"id": "chatcmpl-1", "created": null, "model": "gpt-4o-2024-11-20"}),
+            ),
+        ];
+        for (first, identity) in cases {
+            let mut events = ChatEvents::new(true, 0);
+            let mut out = Vec::new();
+            let later = first.replace("chatcmpl-1", "chatcmpl-2");
+            for chunk in [&first, &later] {
+                events.translate(Bytes::from(format!("data: {chunk}\n\n")), &mut out);
+            }
+            assert_eq!(
+                out.drain(..).map(|(kind, _)| kind).collect::<Vec<_>>(),
+                [EventKind::Meta; 2]
+            );
+            assert_eq!(events.answer_so_far().id, Some("chatcmpl-1"));
+            events.translate(done.clone(), &mut out);
+            let usage: Value = serde_json::from_slice(&event_data(&out[0].1)).unwrap();
+            for key in ["id", "created", "model"] {
+                assert_eq!(usage[key], identity[key], "{key} of {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_usage_chunk_is_read_and_goes_out_only_when_the_client_asked_for_it() {
+        let usage = r#"{"choices":[],"id":"chatcmpl-1","usage":{"completion_tokens":20,"prompt_tokens":12,"prompt_tokens_details":{"cached_tokens":2},"total_tokens":32}}"#;
+        let with_choices = usage.replace(
+            r#""choices":[]"#,
+            r#""choices":[{"delta":{"content":"x"},"finish_reason":null,"index":0}]"#,
+        );
+        for (chunk, asked, kinds) in [
+            (usage.to_owned(), false, vec![EventKind::Done]),
+            (
+                usage.to_owned(),
+                true,
+                vec![EventKind::Meta, EventKind::Done],
+            ),
+            (
+                with_choices.clone(),
+                false,
+                vec![EventKind::Content { finished: false }, EventKind::Done],
+            ),
+            (
+                with_choices,
+                true,
+                vec![EventKind::Content { finished: false }, EventKind::Done],
+            ),
+        ] {
+            let mut events = ChatEvents::new(asked, 0);
+            let mut out = Vec::new();
+            events.translate(Bytes::from(format!("data: {chunk}\n\n")), &mut out);
+            events.translate(Bytes::from_static(b"data: [DONE]\n\n"), &mut out);
+            let told: Vec<EventKind> = out.iter().map(|(kind, _)| *kind).collect();
+            assert_eq!(told, kinds, "{chunk} asked {asked}");
+            assert_eq!(tokens(events.usage), Some((12, 20, 2)), "{chunk}");
+        }
     }
 
     #[test]
