@@ -373,27 +373,8 @@ fn identity(id: Text<'_>, created: Option<&RawValue>, model: Option<&RawValue>) 
     json!({"id": id.0, "created": value(created), "model": value(model)})
 }
 
-/// The characters of a string, counted without keeping it.
-struct Chars(usize);
-
-impl<'de> Deserialize<'de> for Chars {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Count;
-        impl Visitor<'_> for Count {
-            type Value = Chars;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_str<E: de::Error>(self, text: &str) -> Result<Chars, E> {
-                Ok(Chars(text.chars().count()))
-            }
-        }
-        deserializer.deserialize_str(Count)
-    }
-}
-
-/// A delta's text: its characters, and the text itself when it stands in the chunk as it reads
-/// (no escapes in it).
+/// A string's characters, counted without keeping it, and the string itself when it stands in
+/// the chunk as it reads (no escapes in it).
 struct Content<'a> {
     chars: usize,
     unescaped: Option<&'a str>,
@@ -457,8 +438,8 @@ struct PassingDelta<'a> {
     content: Option<Content<'a>>,
     #[serde(default)]
     tool_calls: Option<IgnoredAny>,
-    #[serde(default)]
-    refusal: Option<Chars>,
+    #[serde(borrow, default)]
+    refusal: Option<Content<'a>>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for PassingChoices<'a> {
@@ -482,7 +463,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for PassingChoices<'a> {
                         }
                         let text = delta.content.map_or(0, |c| c.chars);
                         sum.content_chars += text;
-                        sum.content |= text > 0 || delta.refusal.is_some_and(|r| r.0 > 0);
+                        sum.content |= text > 0 || delta.refusal.is_some_and(|r| r.chars > 0);
                         sum.tool_calls |= delta.tool_calls.is_some();
                     }
                     if let Some(reason) = choice.finish_reason {
