@@ -194,10 +194,7 @@ impl ChatEvents {
         if chunk.error.is_some() || chunk.choices.tool_calls {
             return None;
         }
-        if let Some(id) = chunk
-            .id
-            .filter(|id| !id.0.is_empty() && self.identity["id"] == "")
-        {
+        if let Some(id) = chunk.id.filter(|id| self.gives_identity(&id.0)) {
             self.identity = identity(id, chunk.created, chunk.model);
         }
         if let Some(usage) = chunk.usage {
@@ -233,14 +230,26 @@ impl ChatEvents {
             return None;
         }
         let usage = serde_json::from_str::<Value>(usage.get()).ok()?;
-        self.usage = Some(Usage::from_openai(&usage)?);
-        Some(match self.include_usage {
-            true => Passed::As(EventKind::Meta),
-            false => Passed::Kept,
+        Some(match self.keeps_usage(Usage::from_openai(&usage)?, true) {
+            true => Passed::Kept,
+            false => Passed::As(EventKind::Meta),
         })
     }
 
-    /// The kind of a chunk that is the last one with text with other text (see [`LastText`]).
+    /// Takes a chunk's usage as the stream's; whether the chunk stays here: a usage without
+    /// choices that the gateway asked for on the client's behalf.
+    fn keeps_usage(&mut self, usage: Usage, no_choices: bool) -> bool {
+        self.usage = Some(usage);
+        no_choices && !self.include_usage
+    }
+
+    /// Whether a chunk with `id` gives the stream its identity: the first with an id does.
+    fn gives_identity(&self, id: &str) -> bool {
+        !id.is_empty() && self.identity["id"] == ""
+    }
+
+    /// The kind of a chunk that is the last chunk with text, with other text in it (see
+    /// [`LastText`]).
     fn same_but_text(&mut self, data: &[u8]) -> Option<EventKind> {
         if self.saw_tool {
             return None;
@@ -289,15 +298,17 @@ impl EventTranslator for ChatEvents {
             out.push((EventKind::Error, event));
             return;
         }
-        if chunk["id"].as_str().is_some_and(|id| !id.is_empty()) && self.identity["id"] == "" {
+        if chunk["id"]
+            .as_str()
+            .is_some_and(|id| self.gives_identity(id))
+        {
             for key in ["id", "created", "model"] {
                 self.identity[key] = chunk[key].clone();
             }
         }
         if let Some(usage) = chunk.get("usage").and_then(Usage::from_openai) {
-            self.usage = Some(usage);
-            let usage_only = chunk["choices"].as_array().is_some_and(Vec::is_empty);
-            if usage_only && !self.include_usage {
+            let no_choices = chunk["choices"].as_array().is_some_and(Vec::is_empty);
+            if self.keeps_usage(usage, no_choices) {
                 return;
             }
         }
