@@ -96,11 +96,18 @@ impl SqliteStore {
         let tx = self.connection.transaction()?;
         let mut added = 0;
         let mut chunks = records.chunks_exact(ROWS_PER_INSERT);
-        for chunk in chunks.by_ref() {
-            added += insert_rows(&tx, &self.insert_many, chunk)?;
+        if records.len() >= ROWS_PER_INSERT {
+            let mut many = tx.prepare_cached(&self.insert_many)?;
+            for chunk in chunks.by_ref() {
+                added += insert_rows(&mut many, chunk)?;
+            }
         }
-        for record in chunks.remainder() {
-            added += insert_rows(&tx, &self.insert_one, std::slice::from_ref(record))?;
+        if !chunks.remainder().is_empty() {
+            // Looked up once for the batch: finding a cached statement hashes its whole text.
+            let mut one = tx.prepare_cached(&self.insert_one)?;
+            for record in chunks.remainder() {
+                added += insert_rows(&mut one, std::slice::from_ref(record))?;
+            }
         }
         tx.commit()?;
         Ok(added)
@@ -129,10 +136,9 @@ impl SqliteStore {
 /// Records a multi-row insert takes at once.
 const ROWS_PER_INSERT: usize = 32;
 
-/// Inserts `records` with `sql`, the insert of as many rows (prepared once, then cached).
+/// Inserts `records` with `statement`, the insert of as many rows.
 fn insert_rows(
-    tx: &rusqlite::Transaction<'_>,
-    sql: &str,
+    statement: &mut rusqlite::CachedStatement<'_>,
     records: &[UsageRecord],
 ) -> Result<usize, UsageError> {
     let rows: Vec<Row> = records.iter().map(Row::of).collect();
@@ -164,7 +170,6 @@ fn insert_rows(
             &r.stream_cut,
         ]);
     }
-    let mut statement = tx.prepare_cached(sql)?;
     Ok(statement.execute(rusqlite::params_from_iter(values))?)
 }
 
