@@ -411,6 +411,12 @@ async fn a_backend_rejecting_its_own_credential_is_passed_over() {
     assert!(!answer.body.contains("upstream-secret") && !answer.body.contains(KEY));
 }
 
+/// How long a request whose first target times out at 300 ms may take, failover to a healthy
+/// target included. Far below the next timeout that could end it instead (the 60 s default of
+/// `first_token`), and with room for a loaded machine: under the whole suite on 2 cores, a
+/// connection has been seen to stall for over a second (a lost SYN is sent again after 1 s).
+const WITHIN_FIRST_TOKEN_TIMEOUT: Duration = Duration::from_millis(300 + 2_700);
+
 #[tokio::test]
 async fn a_first_token_timeout_fails_over_and_that_target_is_not_tried_again() {
     let h = Harness::start(
@@ -431,7 +437,7 @@ async fn a_first_token_timeout_fails_over_and_that_target_is_not_tried_again() {
     let answer = h.chat("chat").await;
     assert_eq!(answer.status, 200);
     assert!(
-        started.elapsed() < Duration::from_millis(300 + 700),
+        started.elapsed() < WITHIN_FIRST_TOKEN_TIMEOUT,
         "took {:?}: more than the timeout and one normal request",
         started.elapsed()
     );
@@ -467,7 +473,7 @@ async fn a_model_that_sends_headers_and_then_thinks_is_caught_by_the_first_token
         .post("/v1/chat/completions", chat_body("chat", true))
         .await;
     assert!(
-        started.elapsed() < Duration::from_millis(300 + 700),
+        started.elapsed() < WITHIN_FIRST_TOKEN_TIMEOUT,
         "took {:?}",
         started.elapsed()
     );
