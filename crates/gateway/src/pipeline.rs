@@ -67,7 +67,9 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
         Ok(response) => response,
         Err(error) => error.into_response_in(surface::dialect_of(&path)),
     };
-    let mut response = decorate(response, &id, &exchange, &runtime);
+    // `x-onedoor-attempts`, and the usage record's trail.
+    let attempts = exchange.trail.header();
+    let mut response = decorate(response, &id, &attempts, &exchange, &runtime);
     observe(&runtime, &id, &mut exchange, &mut response, started).await;
     let entered = exchange.entered.take();
     let response = match (&exchange.tenant, &exchange.key_id) {
@@ -81,7 +83,7 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
                 alias: exchange.alias.as_deref().unwrap_or("-"),
                 backend: exchange.backend,
                 deployment: exchange.deployment.as_deref(),
-                attempts: exchange.trail.header(),
+                attempts,
                 estimate: exchange.estimate,
                 tokens: exchange.tokens,
                 usage: exchange.usage.clone(),
@@ -624,6 +626,7 @@ pub(crate) fn passthrough(failure: Failure, dialect: Dialect) -> Response<Body> 
 fn decorate(
     mut response: Response<Body>,
     id: &str,
+    attempts: &str,
     exchange: &Exchange,
     runtime: &Runtime,
 ) -> Response<Body> {
@@ -638,7 +641,7 @@ fn decorate(
         }
     };
     put(REQUEST_ID, id);
-    put(ATTEMPTS, &exchange.trail.header());
+    put(ATTEMPTS, attempts);
     let answered_by = exchange.backend.and_then(|b| runtime.answered_by.get(b));
     for (name, value) in [BACKEND, REGION]
         .into_iter()

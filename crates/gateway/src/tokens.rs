@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use base64::Engine;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -203,8 +204,8 @@ impl Estimator {
         if let Some(name) = &message.name {
             total += self.text(name) + TOKENS_PER_NAME;
         }
-        if let Some(content) = message.content {
-            total += self.content(content)?;
+        if let Some(content) = &message.content {
+            total += self.counted(content);
         }
         let calls = message.tool_calls.iter().flatten().map(|c| &c.function);
         for call in calls.chain(&message.function_call) {
@@ -215,15 +216,18 @@ impl Estimator {
         Some(total)
     }
 
-    /// A message content: a string, or parts (text, images; other kinds count nothing).
+    /// A message content (its JSON): a string, or parts (text, images; other kinds count
+    /// nothing).
     fn content(&self, raw: &RawValue) -> Option<u64> {
-        match raw.get().as_bytes().first() {
-            Some(b'"') => Some(self.text(&string(raw)?)),
-            Some(b'[') => {
-                let parts: Vec<Part<'_>> = serde_json::from_str(raw.get()).ok()?;
-                Some(parts.iter().map(|p| self.part(p)).sum())
-            }
-            _ => Some(0),
+        let content: Content<'_> = serde_json::from_str(raw.get()).ok()?;
+        Some(self.counted(&content))
+    }
+
+    fn counted(&self, content: &Content<'_>) -> u64 {
+        match content {
+            Content::Text(text) => self.text(text),
+            Content::Parts(parts) => parts.iter().map(|p| self.part(p)).sum(),
+            Content::Other => 0,
         }
     }
 
@@ -404,7 +408,7 @@ struct Message<'a> {
     #[serde(borrow, default)]
     role: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Content<'a>>,
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -458,12 +462,68 @@ struct Source<'a> {
     data: Option<Cow<'a, str>>,
 }
 
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    match serde_json::from_str::<&str>(raw.get()) {
-        Ok(s) => Some(Cow::Borrowed(s)),
-        Err(_) => serde_json::from_str::<String>(raw.get())
-            .ok()
-            .map(Cow::Owned),
+/// A message's `content`, read in the one pass over the messages: text, parts, or anything
+/// else (which counts nothing).
+enum Content<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+    Other,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ContentVisitor(std::marker::PhantomData))
+    }
+}
+
+struct ContentVisitor<'a>(std::marker::PhantomData<Content<'a>>);
+
+impl<'de: 'a, 'a> Visitor<'de> for ContentVisitor<'a> {
+    type Value = Content<'a>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a message content")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Content<'a>, E> {
+        Ok(Content::Text(Cow::Borrowed(text)))
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Content<'a>, E> {
+        Ok(Content::Text(Cow::Owned(text.to_owned())))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'a>, A::Error> {
+        let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(part) = seq.next_element()? {
+            parts.push(part);
+        }
+        Ok(Content::Parts(parts))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Content<'a>, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Content::Other)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Content<'a>, E> {
+        Ok(Content::Other)
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Content<'a>, E> {
+        Ok(Content::Other)
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Content<'a>, E> {
+        Ok(Content::Other)
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Content<'a>, E> {
+        Ok(Content::Other)
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Content<'a>, E> {
+        Ok(Content::Other)
     }
 }
 
