@@ -6,7 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use onedoor_state::now_ms;
@@ -128,10 +128,10 @@ impl Dispatch {
             load.succeeded(now.elapsed(), now_ms());
             return Ok(Answer::Stream(Box::new(relay.holding(in_flight))));
         }
-        let body = match tokio::time::timeout_at(deadline, response.into_body().collect()).await {
+        let body = match tokio::time::timeout_at(deadline, whole(response.into_body())).await {
             Err(_) => return Err(Failure::Timeout),
             Ok(Err(error)) => return Err(Failure::Reset(error.to_string())),
-            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Ok(body)) => body,
         };
         load.succeeded(now.elapsed(), now_ms());
         let translated = backend.provider == onedoor_config::Provider::Anthropic;
@@ -153,6 +153,32 @@ impl Dispatch {
             usage,
         })
     }
+}
+
+/// A whole answer's body. An answer that arrives as one frame (most do: it is read in one go) is
+/// kept as it came; more frames are joined. Trailers are not part of it.
+async fn whole<B>(mut body: B) -> Result<Bytes, B::Error>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let mut first = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        match joined.as_mut() {
+            Some(joined) => joined.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut both = BytesMut::with_capacity(first.len() + data.len());
+                both.extend_from_slice(&first);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or(first, BytesMut::freeze))
 }
 
 /// Seconds since the Unix epoch, for the `created` of translated answers.
@@ -229,5 +255,33 @@ impl Continuer for Continuation {
         identity: Identity,
     ) -> Pin<Box<dyn Future<Output = Option<Relay>> + Send + 'a>> {
         Box::pin(self.next_relay(sent, identity))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body::Frame;
+    use http_body_util::{Full, StreamBody};
+
+    use super::whole;
+
+    #[tokio::test]
+    async fn a_whole_body_is_its_one_frame_or_its_frames_joined() {
+        let one = Bytes::from_static(b"{\"id\":1}");
+        let read = whole(Full::new(one.clone())).await.unwrap();
+        assert_eq!(read, one);
+        assert_eq!(read.as_ptr(), one.as_ptr(), "one frame is kept, not copied");
+        let frames = ["{\"a\":", "", "1,", "\"b\":2}"]
+            .map(|part| Ok::<_, Infallible>(Frame::data(Bytes::from_static(part.as_bytes()))));
+        let trailers = Ok(Frame::trailers(http::HeaderMap::new()));
+        let body = StreamBody::new(futures_util::stream::iter(
+            frames.into_iter().chain([trailers]),
+        ));
+        assert_eq!(whole(body).await.unwrap(), "{\"a\":1,\"b\":2}");
     }
 }

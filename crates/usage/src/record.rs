@@ -98,8 +98,26 @@ pub fn now_ms() -> u64 {
     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The UTC day (`YYYY-MM-DD`) of a Unix time in milliseconds.
+/// The UTC day (`YYYY-MM-DD`) of a Unix time in milliseconds. The writer asks it of every record,
+/// nearly always for the day before, which each thread keeps.
 pub fn utc_day(at_ms: u64) -> String {
+    const DAY_MS: u64 = 86_400_000;
+    thread_local! {
+        static LAST: std::cell::RefCell<(u64, String)> =
+            const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let day = at_ms / DAY_MS;
+    let kept = LAST.try_with(|last| {
+        let mut last = last.try_borrow_mut().ok()?;
+        if last.0 != day {
+            *last = (day, format_day(at_ms));
+        }
+        Some(last.1.clone())
+    });
+    kept.ok().flatten().unwrap_or_else(|| format_day(at_ms))
+}
+
+fn format_day(at_ms: u64) -> String {
     let time = UNIX_EPOCH + Duration::from_millis(at_ms);
     let mut text = humantime::format_rfc3339_seconds(time).to_string();
     text.truncate(10);
@@ -116,6 +134,10 @@ mod tests {
         // 2026-12-01T23:59:59.999Z and one millisecond later.
         assert_eq!(utc_day(1_796_169_599_999), "2026-12-01");
         assert_eq!(utc_day(1_796_169_600_000), "2026-12-02");
+        // The day kept from the last call is not another day's.
+        assert_eq!(utc_day(1_796_169_600_001), "2026-12-02");
+        assert_eq!(utc_day(1_796_169_599_999), "2026-12-01");
+        assert_eq!(utc_day(0), "1970-01-01");
     }
 
     #[test]
