@@ -64,20 +64,14 @@ pub enum Ending {
     Upstream { backend: usize, failure: Failure },
 }
 
-/// Where each candidate stands in this request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Standing {
-    Open,
-    Spent,
-}
-
 pub struct Failover<'a> {
     runtime: &'a Runtime,
     alias: &'a str,
     alias_index: Option<usize>,
     plan: Plan,
     deadline: Instant,
-    standing: Vec<Standing>,
+    /// Whether each candidate may still be tried in this request.
+    open: Vec<bool>,
     retries: Vec<u32>,
     verdicts: Vec<Verdict>,
     cooled_until_ms: Vec<u64>,
@@ -109,7 +103,7 @@ impl<'a> Failover<'a> {
             alias_index,
             plan,
             deadline,
-            standing: vec![Standing::Open; n],
+            open: vec![true; n],
             retries: vec![0; n],
             verdicts: Vec::new(),
             cooled_until_ms: Vec::new(),
@@ -141,8 +135,10 @@ impl<'a> Failover<'a> {
         &self.runtime.snapshot
     }
 
-    fn backend_name(&self, candidate: &Candidate) -> &str {
-        self.snapshot()
+    fn backend_name(&self, candidate: &Candidate) -> &'a str {
+        let runtime: &'a Runtime = self.runtime;
+        runtime
+            .snapshot
             .backends
             .get(candidate.backend)
             .map(|b| b.name.as_str())
@@ -175,11 +171,10 @@ impl<'a> Failover<'a> {
                 out_of_time = true;
                 break;
             }
-            let open: Vec<bool> = self.standing.iter().map(|s| *s == Standing::Open).collect();
             let turn = self.runtime.turn(self.alias_index);
             let Some(i) = again
                 .take()
-                .or_else(|| self.plan.choose(&open, turn, |c| self.fitness(c)))
+                .or_else(|| self.plan.choose(&self.open, turn, |c| self.fitness(c)))
             else {
                 break;
             };
@@ -189,14 +184,17 @@ impl<'a> Failover<'a> {
                 }
                 continue;
             }
-            let candidate = self.plan.candidates[i].clone();
-            let backend = self.backend_name(&candidate).to_owned();
-            let fitness = trail.trace.as_ref().map(|_| self.fitness(&candidate));
+            let backend = self.backend_name(&self.plan.candidates[i]);
+            let fitness = trail
+                .trace
+                .as_ref()
+                .map(|_| self.fitness(&self.plan.candidates[i]));
             let began = Instant::now();
-            let attempted = attempt(candidate.clone()).await;
+            let attempted = attempt(self.plan.candidates[i].clone()).await;
             trail.upstream += began.elapsed();
+            let candidate = &self.plan.candidates[i];
             if let Some(spans) = trail.spans.as_mut() {
-                spans.push(&candidate, began, attempted.as_ref().err());
+                spans.push(candidate, began, attempted.as_ref().err());
             }
             if let (Some(trace), Some(fitness)) = (trail.trace.as_mut(), fitness) {
                 let (outcome, detail) = match &attempted {
@@ -204,7 +202,7 @@ impl<'a> Failover<'a> {
                     Err(failure) => (failure.label(), Some(failure.detail().to_string())),
                 };
                 trace.attempt(
-                    &backend,
+                    backend,
                     &candidate.deployment,
                     fitness,
                     began,
@@ -215,16 +213,17 @@ impl<'a> Failover<'a> {
             match attempted {
                 Ok(value) => {
                     self.observe(i, Observed::Success).await;
-                    trail.push(&backend, "200".into());
-                    if candidate.discovery {
+                    trail.push(backend, "200".into());
+                    if self.plan.candidates[i].discovery {
                         let ttl = self.snapshot().routing.not_served_ttl.as_millis() as u64;
                         self.runtime.state.mark_served_detached(self.key(i), ttl);
                     }
-                    return Ok((candidate, value));
+                    // The plan ends with this answer: its candidate is taken, not copied.
+                    return Ok((self.plan.candidates.swap_remove(i), value));
                 }
                 Err(failure) => {
                     self.observe(i, Observed::of(&failure)).await;
-                    trail.push(&backend, failure.label());
+                    trail.push(backend, failure.label());
                     tracing::debug!(%backend, outcome = %failure.label(), detail = failure.detail(), "attempt failed");
                     let next = self.settle(i, failure).await;
                     if self.verdicts.last() != Some(&Verdict::NotServed) {
@@ -260,7 +259,7 @@ impl<'a> Failover<'a> {
                 true
             }
             Admission::Open { until_ms } => {
-                self.standing[i] = Standing::Spent;
+                self.open[i] = false;
                 let candidate = self.plan.candidates[i].clone();
                 self.plan
                     .excluded
@@ -318,7 +317,7 @@ impl<'a> Failover<'a> {
                 let deployment = self.plan.candidates[i].deployment.clone();
                 for (j, candidate) in self.plan.candidates.iter().enumerate() {
                     if candidate.deployment == deployment {
-                        self.standing[j] = Standing::Spent;
+                        self.open[j] = false;
                     }
                 }
                 self.context_fallback = Some((self.plan.candidates[i].backend, failure));
@@ -336,7 +335,7 @@ impl<'a> Failover<'a> {
             }
             Verdict::Transient | Verdict::TimedOut => {}
         }
-        self.standing[i] = Standing::Spent;
+        self.open[i] = false;
         Next::Move
     }
 

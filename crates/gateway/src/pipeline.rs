@@ -72,33 +72,32 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
     let mut response = decorate(response, &id, &attempts, &exchange, &runtime);
     observe(&runtime, &id, &mut exchange, &mut response, started).await;
     let entered = exchange.entered.take();
-    let response = match (&exchange.tenant, &exchange.key_id) {
-        (Some(tenant), Some(key_id)) => {
-            let ended = Ended {
-                request_id: &id,
-                arrived_ms,
-                started,
-                tenant,
-                key_id,
-                alias: exchange.alias.as_deref().unwrap_or("-"),
-                backend: exchange.backend,
-                deployment: exchange.deployment.as_deref(),
-                attempts,
-                estimate: exchange.estimate,
-                tokens: exchange.tokens,
-                usage: exchange.usage.clone(),
-                entered,
-                span: exchange
-                    .span
-                    .take()
-                    .map(|span| span.attempted(exchange.trail.spans.take())),
-            };
-            recording::hand_off(&runtime, ended, response)
-        }
-        _ => response,
-    };
-    // Requests with a caller get their access-log line with their usage record.
-    let unrecorded = exchange.key_id.is_none();
+    let (tenant, key_id) = (exchange.tenant.take(), exchange.key_id.take());
+    // Requests with a caller get their access-log line with their usage record, which takes
+    // the names the exchange gathered.
+    let unrecorded = key_id.is_none();
+    if let (Some(tenant), Some(key_id)) = (tenant, key_id) {
+        let ended = Ended {
+            request_id: id,
+            arrived_ms,
+            started,
+            tenant,
+            key_id,
+            alias: exchange.alias.take().unwrap_or_else(|| "-".to_owned()),
+            backend: exchange.backend,
+            deployment: exchange.deployment.take(),
+            attempts,
+            estimate: exchange.estimate,
+            tokens: exchange.tokens,
+            usage: exchange.usage.clone(),
+            entered,
+            span: exchange
+                .span
+                .take()
+                .map(|span| span.attempted(exchange.trail.spans.take())),
+        };
+        return recording::hand_off(&runtime, ended, response);
+    }
     if unrecorded && (response.status().is_client_error() || response.status().is_server_error()) {
         let status = response.status().as_u16();
         let mut line = Line::refused(&id, arrived_ms, status, error_code(&response));

@@ -62,16 +62,17 @@ pub struct Estimate {
     pub total: u64,
 }
 
-/// What the pipeline knows about a request once its response head is ready.
-pub struct Ended<'a> {
-    pub request_id: &'a str,
+/// What the pipeline knows about a request once its response head is ready. Its names move into
+/// the usage record.
+pub struct Ended {
+    pub request_id: String,
     pub arrived_ms: u64,
     pub started: Instant,
-    pub tenant: &'a str,
-    pub key_id: &'a str,
-    pub alias: &'a str,
+    pub tenant: String,
+    pub key_id: String,
+    pub alias: String,
     pub backend: Option<BackendId>,
-    pub deployment: Option<&'a str>,
+    pub deployment: Option<String>,
     /// `x-onedoor-attempts`.
     pub attempts: String,
     pub estimate: Estimate,
@@ -100,11 +101,7 @@ pub fn tokens_of(usage: &Usage) -> Tokens {
 }
 
 /// Records the request now, or for a stream when its body ends; returns the response to send.
-pub fn hand_off(
-    runtime: &Runtime,
-    mut ended: Ended<'_>,
-    response: Response<Body>,
-) -> Response<Body> {
+pub fn hand_off(runtime: &Runtime, mut ended: Ended, response: Response<Body>) -> Response<Body> {
     let recorder = &runtime.recorder;
     let stream = is_stream(&response);
     let mut pending = Pending::new(&runtime.snapshot, &mut ended, response.status().as_u16());
@@ -147,7 +144,7 @@ fn is_stream(response: &Response<Body>) -> bool {
 
 /// The tokens of an answer without a usage block: the gateway's count of the prompt for an
 /// answer, nothing for an error (no upstream produced tokens the caller received).
-fn unmeasured(ended: &Ended<'_>, status: u16) -> Tokens {
+fn unmeasured(ended: &Ended, status: u16) -> Tokens {
     let answered = (200..300).contains(&status);
     Tokens {
         input: if answered { ended.estimate.prompt } else { 0 },
@@ -174,22 +171,22 @@ struct Pending {
 }
 
 impl Pending {
-    fn new(snapshot: &Snapshot, ended: &mut Ended<'_>, status: u16) -> Pending {
+    fn new(snapshot: &Snapshot, ended: &mut Ended, status: u16) -> Pending {
         let backend = ended.backend.and_then(|b| snapshot.backends.get(b));
-        let price = match (ended.backend, ended.deployment) {
-            (Some(backend), Some(deployment)) => alias_of(snapshot, ended.alias)
+        let price = match (ended.backend, ended.deployment.as_deref()) {
+            (Some(backend), Some(deployment)) => alias_of(snapshot, &ended.alias)
                 .and_then(|alias| onedoor_usage::price_of(alias, backend, deployment))
                 .copied(),
             _ => None,
         };
         let record = UsageRecord {
-            request_id: ended.request_id.to_owned(),
+            request_id: std::mem::take(&mut ended.request_id),
             at_ms: ended.arrived_ms,
-            tenant: ended.tenant.to_owned(),
-            key_id: ended.key_id.to_owned(),
-            alias: ended.alias.to_owned(),
+            tenant: std::mem::take(&mut ended.tenant),
+            key_id: std::mem::take(&mut ended.key_id),
+            alias: std::mem::take(&mut ended.alias),
             backend: backend.map(|b| b.name.clone()),
-            model: ended.deployment.map(str::to_owned),
+            model: ended.deployment.take(),
             region: backend.map(|b| b.region.clone()),
             status,
             tokens: Tokens {
