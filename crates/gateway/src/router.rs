@@ -10,6 +10,7 @@ use onedoor_state::{
     now_ms, Ask, BackendQuery, Exclusion, MeterUsage, RoutingQuery, RoutingView, State,
     Unavailable, Verdict,
 };
+use smallvec::SmallVec;
 
 use crate::provider;
 use crate::request::Operation;
@@ -74,10 +75,13 @@ pub async fn plan(
     if opening.open.is_empty() {
         return Ok(opening.plan);
     }
-    let reading = Reading::of(runtime, &opening.open);
-    let view = runtime.state.routing(reading.query()).await?;
-    let ids = reading.ids;
-    Ok(opening.finish(runtime, ids, view))
+    // The reading borrows the open candidates: it ends before the opening is finished.
+    let (ids, view) = {
+        let reading = Reading::of(runtime, &opening.open);
+        let view = runtime.state.routing(reading.query()).await?;
+        (reading.ids, view)
+    };
+    Ok(opening.finish(runtime, &ids, view))
 }
 
 /// [`State::admit`] of `ask`, then [`plan`], in the one round trip to the state store that
@@ -94,10 +98,15 @@ pub async fn plan_admitting(
     if opening.open.is_empty() {
         return (runtime.state.admit(ask).await, Ok(opening.plan));
     }
-    let reading = Reading::of(runtime, &opening.open);
-    let (verdict, view) = runtime.state.admit_and_route(ask, reading.query()).await;
-    let ids = reading.ids;
-    (verdict, view.map(|view| opening.finish(runtime, ids, view)))
+    let (ids, verdict, view) = {
+        let reading = Reading::of(runtime, &opening.open);
+        let (verdict, view) = runtime.state.admit_and_route(ask, reading.query()).await;
+        (reading.ids, verdict, view)
+    };
+    (
+        verdict,
+        view.map(|view| opening.finish(runtime, &ids, view)),
+    )
 }
 
 /// A plan before the shared state is read: what the config and this instance's flags decide.
@@ -151,10 +160,10 @@ fn open(
 impl Opening {
     /// The plan, once the state said what it knows about the open candidates' targets and
     /// their backends (`ids`, in the order of `view.backends`).
-    fn finish(self, runtime: &Runtime, ids: Vec<BackendId>, view: RoutingView) -> Plan {
+    fn finish(self, runtime: &Runtime, ids: &[BackendId], view: RoutingView) -> Plan {
         let Opening { mut plan, open } = self;
         let now = now_ms();
-        for (id, backend) in ids.into_iter().zip(&view.backends) {
+        for (&id, backend) in ids.iter().zip(&view.backends) {
             runtime.breakers.learn(id, backend.breaker, now);
             if let Some(slot) = plan.usage.get_mut(id) {
                 *slot = backend.usage;
@@ -188,13 +197,17 @@ impl Opening {
     }
 }
 
-/// What one read of the shared state asks about `open`'s targets and their backends.
+/// What one read of the shared state asks about `open`'s targets and their backends; inline
+/// for an alias of up to [`INLINE_TARGETS`] targets.
 struct Reading<'a> {
-    targets: Vec<(&'a str, &'a str)>,
+    targets: SmallVec<[(&'a str, &'a str); INLINE_TARGETS]>,
     /// The backends, each once, in the order the view answers for them.
-    ids: Vec<BackendId>,
-    backends: Vec<BackendQuery<'a>>,
+    ids: SmallVec<[BackendId; INLINE_TARGETS]>,
+    backends: SmallVec<[BackendQuery<'a>; INLINE_TARGETS]>,
 }
+
+/// The targets most aliases have at most: their plan's reading needs no allocation.
+const INLINE_TARGETS: usize = 4;
 
 impl<'a> Reading<'a> {
     fn of(runtime: &'a Runtime, open: &'a [Candidate]) -> Self {
@@ -204,7 +217,8 @@ impl<'a> Reading<'a> {
             .iter()
             .map(|c| (name(c.backend), c.deployment.as_str()))
             .collect();
-        let mut ids: Vec<BackendId> = open.iter().map(|c| c.backend).collect();
+        let mut ids: SmallVec<[BackendId; INLINE_TARGETS]> =
+            open.iter().map(|c| c.backend).collect();
         ids.sort_unstable();
         ids.dedup();
         let backends = ids
