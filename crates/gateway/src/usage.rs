@@ -165,18 +165,24 @@ pub struct UsageSink(watch::Sender<Option<Usage>>);
 
 /// The reading end, for the request pipeline (the usage store records what it says).
 #[derive(Clone)]
-pub struct UsageReport(watch::Receiver<Option<Usage>>);
+pub struct UsageReport(Reported);
+
+#[derive(Clone)]
+enum Reported {
+    /// A whole answer's usage, known when the report was made: no channel to set up or notify.
+    Known(Usage),
+    /// A stream's, once its relay reports it.
+    Awaited(watch::Receiver<Option<Usage>>),
+}
 
 pub fn channel() -> (UsageSink, UsageReport) {
     let (tx, rx) = watch::channel(None);
-    (UsageSink(tx), UsageReport(rx))
+    (UsageSink(tx), UsageReport(Reported::Awaited(rx)))
 }
 
 /// A report that already holds the usage of a whole answer.
 pub fn reported(usage: Usage) -> UsageReport {
-    let (sink, report) = channel();
-    sink.report(usage);
-    report
+    UsageReport(Reported::Known(usage))
 }
 
 impl UsageSink {
@@ -188,15 +194,21 @@ impl UsageSink {
 impl UsageReport {
     /// The usage, once known.
     pub fn get(&self) -> Option<Usage> {
-        *self.0.borrow()
+        match &self.0 {
+            Reported::Known(usage) => Some(*usage),
+            Reported::Awaited(report) => *report.borrow(),
+        }
     }
 
     /// Waits until the answer is complete: the usage, or `None` when the answer was dropped
     /// before it ended (the caller went away).
-    pub async fn finished(mut self) -> Option<Usage> {
-        match self.0.wait_for(Option::is_some).await {
-            Ok(usage) => *usage,
-            Err(_) => None,
+    pub async fn finished(self) -> Option<Usage> {
+        match self.0 {
+            Reported::Known(usage) => Some(usage),
+            Reported::Awaited(mut report) => match report.wait_for(Option::is_some).await {
+                Ok(usage) => *usage,
+                Err(_) => None,
+            },
         }
     }
 }
@@ -250,5 +262,8 @@ mod tests {
         let (sink, report) = channel();
         drop(sink);
         assert_eq!(report.finished().await, None);
+        let whole = reported(Usage::estimated(1, 2));
+        assert_eq!(whole.get().map(|u| u.total_tokens()), Some(3));
+        assert_eq!(whole.finished().await.map(|u| u.total_tokens()), Some(3));
     }
 }
