@@ -1,6 +1,7 @@
 //! The client-facing paths: which dialect a request speaks and where its alias comes from.
 
 use http::Method;
+use smallvec::SmallVec;
 
 use crate::errors::GatewayError;
 use crate::request::Operation;
@@ -63,7 +64,8 @@ pub enum Route {
 }
 
 pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
-    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    // Inline: every known path has at most five segments.
+    let segments: SmallVec<[&str; 6]> = path.trim_end_matches('/').split('/').skip(1).collect();
     let (route, allowed) = match segments.as_slice() {
         ["healthz"] => (Route::Healthz, Method::GET),
         ["readyz"] => (Route::Readyz, Method::GET),
