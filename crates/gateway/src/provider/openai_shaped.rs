@@ -660,10 +660,12 @@ fn trailing_usage(body: &[u8]) -> Option<Usage> {
     let value = body[key + b"\"usage\"".len()..]
         .trim_ascii_start()
         .strip_prefix(b":")?;
-    let mut read = serde_json::Deserializer::from_slice(value).into_iter::<PlainUsage>();
+    // Read as text, checked once: from bytes serde_json checks every string it meets again.
+    let value = std::str::from_utf8(value).ok()?;
+    let mut read = serde_json::Deserializer::from_str(value).into_iter::<PlainUsage>();
     let usage = read.next()?.ok()?;
     let after = value.get(read.byte_offset()..)?;
-    (after.trim_ascii() == b"}").then(|| usage.usage())?
+    (after.trim_ascii() == "}").then(|| usage.usage())?
 }
 
 /// Where the last `"usage"` in `body` begins. A backwards substring search has no vector
