@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::backends::Backends;
-use crate::model::{Alias, AliasId, BackendId, Price, Target};
+use crate::model::{Alias, AliasId, BackendId, Lookup, Price, Target};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
 use crate::tree::Node;
@@ -32,14 +32,14 @@ const TARGET_KEYS: &[&str] = &[
 
 pub(crate) struct Models {
     pub aliases: Vec<Alias>,
-    pub by_name: HashMap<String, AliasId>,
+    pub by_name: Lookup<String, AliasId>,
     pub wildcard: Option<Alias>,
 }
 
 pub(crate) fn models(node: Option<&Node>, backends: &Backends, p: &mut Problems) -> Models {
     let mut models = Models {
         aliases: Vec::new(),
-        by_name: HashMap::new(),
+        by_name: Lookup::default(),
         wildcard: None,
     };
     let Some(items) = node.and_then(|n| read::list(n, p)) else {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::limits;
-use crate::model::{Key, Tenant, TenantId};
+use crate::model::{Key, Lookup, Tenant, TenantId};
 use crate::models::{Models, WILDCARD};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
@@ -19,7 +19,7 @@ pub(crate) struct Known<'a> {
 
 pub(crate) struct Tenants {
     pub list: Vec<Tenant>,
-    pub keys_by_hash: HashMap<[u8; 32], (TenantId, usize)>,
+    pub keys_by_hash: Lookup<[u8; 32], (TenantId, usize)>,
 }
 
 #[derive(Default)]
@@ -33,7 +33,7 @@ struct Seen {
 pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> Tenants {
     let mut tenants = Tenants {
         list: Vec::new(),
-        keys_by_hash: HashMap::new(),
+        keys_by_hash: Lookup::default(),
     };
     let Some(items) = node.and_then(|n| read::list(n, p)) else {
         return tenants;
