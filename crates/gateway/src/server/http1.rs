@@ -59,8 +59,12 @@ pub async fn serve<H, F>(
         buffer: BytesMut::new(),
         watching: true,
     };
+    // Made once for the connection: it stays registered with the shutdown signal between
+    // requests, where one made at each wait would register and unregister every request.
+    let mut watcher = shutdown.clone();
+    let mut stopped = pin!(super::stopped(&mut watcher));
     loop {
-        let head = match connection.read_head(shutdown).await {
+        let head = match connection.read_head(stopped.as_mut()).await {
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(status) => return connection.refuse(status).await,
@@ -177,11 +181,11 @@ impl Head {
 }
 
 impl Connection {
-    /// The next request's head; `None` when the client closed, or shutdown began, between
-    /// requests.
+    /// The next request's head; `None` when the client closed, or shutdown began (`stopped`
+    /// resolved), between requests.
     async fn read_head(
         &mut self,
-        shutdown: &mut watch::Receiver<bool>,
+        mut stopped: Pin<&mut impl Future<Output = ()>>,
     ) -> Result<Option<Head>, StatusCode> {
         loop {
             if !self.buffer.is_empty() {
@@ -195,7 +199,7 @@ impl Connection {
             let read = match self.buffer.is_empty() {
                 true => tokio::select! {
                     biased;
-                    _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+                    () = stopped.as_mut() => return Ok(None),
                     read = self.read() => read,
                 },
                 false => self.read().await,
