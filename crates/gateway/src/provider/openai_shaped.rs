@@ -76,7 +76,7 @@ pub struct ChatEvents {
     include_usage: bool,
     prompt_estimate: u64,
     usage: Option<Usage>,
-    identity: Value,
+    identity: Identity,
     tools: ToolIndex,
     saw_tool: bool,
     completion_chars: usize,
@@ -96,7 +96,7 @@ impl ChatEvents {
             include_usage,
             prompt_estimate,
             usage: None,
-            identity: json!({"id": "", "created": 0, "model": ""}),
+            identity: Identity::default(),
             tools: ToolIndex::default(),
             saw_tool: false,
             completion_chars: 0,
@@ -157,9 +157,7 @@ impl ChatEvents {
     /// gateway's estimate (the trailing usage comment says so).
     fn synthesized_usage(&self) -> Bytes {
         let mut chunk = json!({"object": "chat.completion.chunk", "choices": [], "usage": self.usage().to_openai()});
-        for key in ["id", "created", "model"] {
-            chunk[key] = self.identity[key].clone();
-        }
+        self.identity.stamp(&mut chunk);
         Bytes::from(format!("data: {chunk}\n\n"))
     }
 
@@ -245,7 +243,7 @@ impl ChatEvents {
 
     /// Whether a chunk with `id` gives the stream its identity: the first with an id does.
     fn gives_identity(&self, id: &str) -> bool {
-        !id.is_empty() && self.identity["id"] == ""
+        !id.is_empty() && self.identity.id.is_empty()
     }
 
     /// The kind of a chunk that is the last chunk with text, with other text in it (see
@@ -302,9 +300,11 @@ impl EventTranslator for ChatEvents {
             .as_str()
             .is_some_and(|id| self.gives_identity(id))
         {
-            for key in ["id", "created", "model"] {
-                self.identity[key] = chunk[key].clone();
-            }
+            self.identity = Identity {
+                id: chunk["id"].as_str().unwrap_or_default().to_owned(),
+                created: chunk["created"].clone(),
+                model: chunk["model"].clone(),
+            };
         }
         if let Some(usage) = chunk.get("usage").and_then(Usage::from_openai) {
             let no_choices = chunk["choices"].as_array().is_some_and(Vec::is_empty);
@@ -336,7 +336,7 @@ impl EventTranslator for ChatEvents {
 
     fn answer_so_far(&self) -> StreamAnswer<'_> {
         StreamAnswer {
-            id: self.identity["id"].as_str().filter(|id| !id.is_empty()),
+            id: Some(self.identity.id.as_str()).filter(|id| !id.is_empty()),
             finish_reason: self.finish_reason.as_deref(),
         }
     }
@@ -375,13 +375,41 @@ enum Passed {
 struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// A stream's `id`, `created` and `model`, as its first chunk with an id has them (`null` for
-/// those it lacks).
-fn identity(id: Text<'_>, created: Option<&RawValue>, model: Option<&RawValue>) -> Value {
+/// those it lacks); an empty id, `0` and `""` until then.
+struct Identity {
+    id: String,
+    created: Value,
+    model: Value,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        Identity {
+            id: String::new(),
+            created: Value::from(0),
+            model: Value::from(""),
+        }
+    }
+}
+
+impl Identity {
+    fn stamp(&self, chunk: &mut Value) {
+        chunk["id"] = Value::from(self.id.as_str());
+        chunk["created"] = self.created.clone();
+        chunk["model"] = self.model.clone();
+    }
+}
+
+fn identity(id: Text<'_>, created: Option<&RawValue>, model: Option<&RawValue>) -> Identity {
     let value = |raw: Option<&RawValue>| {
         raw.and_then(|raw| serde_json::from_str(raw.get()).ok())
             .unwrap_or(Value::Null)
     };
-    json!({"id": id.0, "created": value(created), "model": value(model)})
+    Identity {
+        id: id.0.into_owned(),
+        created: value(created),
+        model: value(model),
+    }
 }
 
 /// A string's characters, counted without keeping it, and the string itself when it stands in
