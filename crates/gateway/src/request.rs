@@ -4,7 +4,7 @@
 use std::fmt;
 
 use bytes::Bytes;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -135,14 +135,14 @@ impl ClientRequest {
         let mut chars = 0;
         let mut messages = 0;
         for name in ["messages", "input", "instructions", "system"] {
-            let Some(value) = self
+            let Some(text) = self
                 .field(name)
-                .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+                .and_then(|raw| serde_json::from_str::<TextChars>(raw.get()).ok())
             else {
                 continue;
             };
-            messages += value.as_array().map_or(1, Vec::len);
-            chars += text_chars(&value);
+            messages += text.items;
+            chars += text.chars;
         }
         crate::usage::estimate_tokens(chars) + 3 * messages as u64
     }
@@ -263,22 +263,97 @@ struct StreamOptions {
     include_usage: Option<bool>,
 }
 
-/// The characters of every string in a JSON value except the structural ones (roles, types, ids).
-fn text_chars(value: &serde_json::Value) -> usize {
-    match value {
-        serde_json::Value::String(s) => s.chars().count(),
-        serde_json::Value::Array(items) => items.iter().map(text_chars).sum(),
-        serde_json::Value::Object(map) => map
-            .iter()
-            .filter(|(k, _)| {
-                !matches!(
-                    k.as_str(),
-                    "role" | "type" | "id" | "tool_call_id" | "detail"
-                )
-            })
-            .map(|(_, v)| text_chars(v))
-            .sum(),
-        _ => 0,
+/// The characters of every string in a JSON value except the structural ones (roles, types, ids),
+/// counted as the value is read, without building it (a key given twice counts twice); `items` is
+/// an array's length, 1 for anything else.
+struct TextChars {
+    chars: usize,
+    items: usize,
+}
+
+impl TextChars {
+    fn of(chars: usize) -> TextChars {
+        TextChars { chars, items: 1 }
+    }
+}
+
+impl<'de> Deserialize<'de> for TextChars {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(CountText)
+    }
+}
+
+struct CountText;
+
+impl<'de> Visitor<'de> for CountText {
+    type Value = TextChars;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<TextChars, E> {
+        Ok(TextChars::of(text.chars().count()))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<TextChars, E> {
+        Ok(TextChars::of(0))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<TextChars, E> {
+        Ok(TextChars::of(0))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<TextChars, E> {
+        Ok(TextChars::of(0))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<TextChars, E> {
+        Ok(TextChars::of(0))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<TextChars, E> {
+        Ok(TextChars::of(0))
+    }
+
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<TextChars, S::Error> {
+        let (mut chars, mut items) = (0, 0);
+        while let Some(item) = seq.next_element::<TextChars>()? {
+            chars += item.chars;
+            items += 1;
+        }
+        Ok(TextChars { chars, items })
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<TextChars, M::Error> {
+        let mut chars = 0;
+        while let Some(Structural(structural)) = map.next_key()? {
+            match structural {
+                true => drop(map.next_value::<de::IgnoredAny>()?),
+                false => chars += map.next_value::<TextChars>()?.chars,
+            }
+        }
+        Ok(TextChars::of(chars))
+    }
+}
+
+/// Whether an object's key names a structural member, whose text is not prompt.
+struct Structural(bool);
+
+impl<'de> Deserialize<'de> for Structural {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl Visitor<'_> for Key {
+            type Value = Structural;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Structural, E> {
+                let structural = matches!(key, "role" | "type" | "id" | "tool_call_id" | "detail");
+                Ok(Structural(structural))
+            }
+        }
+        deserializer.deserialize_str(Key)
     }
 }
 
@@ -332,6 +407,22 @@ mod tests {
 
     fn parse(body: &str) -> Result<ClientRequest, GatewayError> {
         ClientRequest::parse(Bytes::from(body.to_owned()), Operation::ChatCompletions)
+    }
+
+    #[test]
+    fn the_prompt_estimate_counts_prompt_text_but_not_structural_members() {
+        let req = parse(
+            r#"{"model":"m","messages":[
+                {"role":"system","content":"Be brief."},
+                {"role":"user","content":[{"type":"text","text":"h\u00e9llo \"x\""},
+                    {"type":"image_url","image_url":{"url":"u","detail":"low"}}],"n":[1,2.5,true,null]},
+                {"role":"tool","tool_call_id":"call_1","content":"42"}],
+              "instructions":"Answer.","max_tokens":7}"#,
+        )
+        .unwrap();
+        // Be brief. (9) + héllo "x" (9) + u (1) + 42 (2) in 3 messages, and Answer. (7) as one.
+        let expected = crate::usage::estimate_tokens(9 + 9 + 1 + 2 + 7) + 3 * (3 + 1);
+        assert_eq!(req.prompt_estimate(), expected);
     }
 
     #[test]
