@@ -227,8 +227,9 @@ impl ChatEvents {
         if choices > 0 {
             return None;
         }
-        let usage = serde_json::from_str::<Value>(usage.get()).ok()?;
-        Some(match self.keeps_usage(Usage::from_openai(&usage)?, true) {
+        // Read into its numbers alone, as a whole answer's usage is, without a tree.
+        let usage = serde_json::from_str::<PlainUsage>(usage.get()).ok()?;
+        Some(match self.keeps_usage(usage.usage()?, true) {
             true => Passed::Kept,
             false => Passed::As(EventKind::Meta),
         })
