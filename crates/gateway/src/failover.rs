@@ -131,14 +131,13 @@ impl<'a> Failover<'a> {
         }
     }
 
-    fn snapshot(&self) -> &Snapshot {
+    /// The runtime's snapshot, for as long as the runtime is borrowed (not only `self`).
+    fn snapshot(&self) -> &'a Snapshot {
         &self.runtime.snapshot
     }
 
     fn backend_name(&self, candidate: &Candidate) -> &'a str {
-        let runtime: &'a Runtime = self.runtime;
-        runtime
-            .snapshot
+        self.snapshot()
             .backends
             .get(candidate.backend)
             .map(|b| b.name.as_str())
