@@ -10,12 +10,13 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use serde::Deserialize;
-use tokio::time::{Duration, Instant};
+use tokio::time::{Duration, Instant, Sleep};
 
 use crate::body::{Body, BoxError};
 use crate::headroom::InFlight;
@@ -270,6 +271,10 @@ pub struct Relay {
     terminal: Option<Bytes>,
     /// The translator's output for one upstream event, kept to reuse its allocation.
     translated: Vec<(EventKind, Bytes)>,
+    /// When the read under way gives up: one timer for the stream, moved on as events arrive
+    /// (moving it later is a compare-and-swap; a timer per read was registered and removed for
+    /// every event).
+    timer: Pin<Box<Sleep>>,
 }
 
 /// The `id`, `created` and `model` of the caller's stream; a continuation's chunks carry them too,
@@ -340,13 +345,23 @@ enum Read {
 
 impl Relay {
     async fn read(&mut self, until: Instant) -> Read {
+        if self.timer.deadline() != until {
+            self.timer.as_mut().reset(until);
+        }
         loop {
-            match tokio::time::timeout_at(until, self.body.frame()).await {
-                Err(_) if until >= self.rules.deadline => return Read::OutOfTime,
-                Err(_) => return Read::Idle,
-                Ok(None) => return Read::End,
-                Ok(Some(Err(error))) => return Read::Failed(error.to_string()),
-                Ok(Some(Ok(frame))) => {
+            // The body first: a frame that is there is taken even when the time is up.
+            let frame = std::future::poll_fn(|cx| {
+                match http_body::Body::poll_frame(Pin::new(&mut self.body), cx) {
+                    Poll::Ready(frame) => Poll::Ready(Some(frame)),
+                    Poll::Pending => self.timer.as_mut().poll(cx).map(|()| None),
+                }
+            });
+            match frame.await {
+                None if until >= self.rules.deadline => return Read::OutOfTime,
+                None => return Read::Idle,
+                Some(None) => return Read::End,
+                Some(Some(Err(error))) => return Read::Failed(error.to_string()),
+                Some(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
                         return Read::Data(data);
                     }
@@ -452,6 +467,7 @@ impl Relay {
         rewrite: Option<Identity>,
         translator: Box<dyn EventTranslator>,
     ) -> Result<Relay, Failure> {
+        let until = first_token_by.min(rules.deadline);
         let mut relay = Relay {
             body,
             framer: Framer::default(),
@@ -466,8 +482,8 @@ impl Relay {
             translator,
             terminal: None,
             translated: Vec::new(),
+            timer: Box::pin(tokio::time::sleep_until(until)),
         };
-        let until = first_token_by.min(rules.deadline);
         loop {
             match relay.read(until).await {
                 Read::Data(data) => match relay.absorb(data) {

@@ -137,3 +137,43 @@ async fn finished_streams_and_answers_hand_their_upstream_connection_to_the_next
         upstream.connections()
     );
 }
+
+/// A stream whose tokens come `gap_ms` apart, on a route whose idle timeout is 300 ms.
+async fn paced_stream(gap_ms: u64) -> String {
+    let fleet = vec![EndpointSpec::azure("first", "swedencentral")
+        .deployment(DeploymentSpec::new("gpt-4o"))
+        .behavior(Behavior {
+            inter_token_ms: gap_ms,
+            reply_words: Some(5),
+            ..Behavior::default()
+        })];
+    let config = "routing: { timeouts: { idle: 300ms } }\nbackends:\n  - { name: first, provider: azure, region: swedencentral, url: \"{url:first}\" }\nmodels:\n  - name: chat\n    targets:\n      - { backend: first, deployment: gpt-4o }\n";
+    let h = Harness::start(fleet, config).await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("chat", true))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+#[tokio::test]
+async fn the_idle_timeout_counts_from_the_last_event_not_from_the_first() {
+    // Five tokens 120 ms apart take longer than the idle timeout in all, never between two.
+    let body = paced_stream(120).await;
+    let events = events(&body);
+    assert!(events.iter().all(|e| e.get("error").is_none()), "{body}");
+    assert_eq!(text(&events).split_whitespace().count(), 5, "{body}");
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+}
+
+#[tokio::test]
+async fn a_stream_that_stalls_after_its_first_token_is_cut_by_the_idle_timeout() {
+    let body = paced_stream(700).await;
+    let events = events(&body);
+    let error = &events.last().unwrap()["error"];
+    assert!(
+        error["message"].as_str().unwrap().contains("idle timeout"),
+        "{body}"
+    );
+    assert_eq!(text(&events).split_whitespace().count(), 1, "{body}");
+}
