@@ -321,24 +321,35 @@ struct Seen {
 }
 
 impl Seen {
-    fn frame(&mut self, data: &[u8]) {
+    /// Takes in a frame of the caller's stream; its usage chunk is read only when
+    /// `read_usage` (the relay tells its own otherwise).
+    fn frame(&mut self, data: &[u8], read_usage: bool) {
         self.first_at.get_or_insert_with(Instant::now);
-        let lines = std::iter::once(0).chain(memchr::memchr_iter(b'\n', data).map(|at| at + 1));
-        for start in lines {
-            let line = &data[start..];
-            if line.starts_with(b"event: error") {
-                self.cut = true;
+        let mut start = 0;
+        loop {
+            let end = memchr::memchr(b'\n', &data[start..]).map_or(data.len(), |at| start + at);
+            self.line(&data[start..end], read_usage);
+            if end == data.len() {
+                return;
             }
-            let Some(rest) = line.strip_prefix(b"data:") else {
-                continue;
-            };
-            let end = memchr::memchr(b'\n', rest).unwrap_or(rest.len());
-            let payload = rest[..end].trim_ascii();
-            if payload.starts_with(b"{\"error\"") {
-                self.cut = true;
-            } else if payload != b"[DONE]" {
-                self.events += 1;
-                self.usage = self.usage.or_else(|| streamed_usage(payload));
+            start = end + 1;
+        }
+    }
+
+    fn line(&mut self, line: &[u8], read_usage: bool) {
+        if line.starts_with(b"event: error") {
+            self.cut = true;
+        }
+        let Some(rest) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let payload = rest.trim_ascii();
+        if payload.starts_with(b"{\"error\"") {
+            self.cut = true;
+        } else if payload != b"[DONE]" {
+            self.events += 1;
+            if read_usage && self.usage.is_none() {
+                self.usage = streamed_usage(payload);
             }
         }
     }
@@ -411,7 +422,7 @@ impl http_body::Body for Metered {
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    this.seen.frame(data);
+                    this.seen.frame(data, this.report.is_none());
                 }
             }
             Poll::Ready(Some(Err(_))) => {
@@ -478,23 +489,33 @@ mod tests {
     #[test]
     fn a_stream_shows_its_usage_chunk_and_its_cut() {
         let mut seen = Seen::default();
-        seen.frame(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n");
+        seen.frame(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            true,
+        );
         assert_eq!(seen.usage, None);
-        seen.frame(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n");
+        seen.frame(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n", true);
         assert_eq!(seen.usage.map(|u| u.total()), Some(11));
         assert!(!seen.cut);
-        seen.frame(b"data: {\"error\":{\"message\":\"cut\"}}\n\n");
+        seen.frame(b"data: {\"error\":{\"message\":\"cut\"}}\n\n", true);
         assert!(seen.cut);
         for frame in [
             &b"event: error\ndata: {\"type\":\"error\"}\n\n"[..],
             b"event: ping\ndata: {}\n\nevent: error\ndata: {}\n\n",
         ] {
             let mut seen = Seen::default();
-            seen.frame(frame);
+            seen.frame(frame, true);
             assert!(seen.cut, "{}", String::from_utf8_lossy(frame));
         }
         let mut seen = Seen::default();
-        seen.frame(b"event: ping\ndata: {\"text\":\"event: error\"}\n\n");
+        seen.frame(b"event: ping\ndata: {\"text\":\"event: error\"}\n\n", true);
         assert!(!seen.cut);
+        // With the relay telling the usage, the chunks are counted but not read for it.
+        let mut seen = Seen::default();
+        seen.frame(
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9}}\n\ndata: {}",
+            false,
+        );
+        assert_eq!((seen.usage, seen.events), (None, 2));
     }
 }

@@ -716,7 +716,9 @@ impl Answering {
     }
 
     pub fn into_body(self) -> Body {
-        let stream = futures_util::stream::unfold(self, |mut answering| async move {
+        // Boxed: each step moves the state into its future and out again, a pointer and not
+        // the whole relay.
+        let stream = futures_util::stream::unfold(Box::new(self), |mut answering| async move {
             let chunk = answering.next_chunk().await?;
             Some((Ok::<_, BoxError>(Frame::data(chunk)), answering))
         });
@@ -725,14 +727,18 @@ impl Answering {
 }
 
 impl Drop for Answering {
-    /// A stream the caller left before its end still tells its trace what it said.
+    /// A stream the caller left before its end still tells its trace what it said, and its
+    /// usage so far (measured once the usage chunk went by, else counted from the text).
     fn drop(&mut self) {
-        if let (Some(trace), false) = (&self.trace, self.ended) {
-            trace.ended(
-                self.relay.translator.answer_so_far(),
-                self.relay.usage(),
-                None,
-            );
+        if self.ended {
+            return;
+        }
+        let own = self.relay.usage();
+        if let Some(trace) = &self.trace {
+            trace.ended(self.relay.translator.answer_so_far(), own, None);
+        }
+        if let Some(sink) = self.sink.take() {
+            sink.report(self.spent.map_or(own, |s| s.plus(own)));
         }
     }
 }

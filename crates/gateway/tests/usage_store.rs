@@ -221,6 +221,70 @@ async fn a_cut_stream_is_recorded_as_cut_with_estimated_tokens() {
     assert!(ttft.is_some());
 }
 
+#[tokio::test]
+async fn a_stream_the_caller_leaves_is_recorded_with_the_text_it_received() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = temp_dir("left");
+    let spec = EndpointSpec::azure("slow", "swedencentral")
+        .deployment(DeploymentSpec::new("gpt-4o"))
+        .behavior(Behavior {
+            inter_token_ms: 50,
+            reply_words: Some(40),
+            ..Behavior::default()
+        });
+    let db = dir.join("usage.db");
+    let harness = Harness::start(
+        vec![spec],
+        &format!(
+            "usage: {{ store: \"sqlite://{}\" }}\nbackends:\n  - {{ name: slow, provider: azure, region: se, url: \"{{url:slow}}\" }}\nmodels:\n  - name: chat\n    targets: [{{ backend: slow, deployment: gpt-4o }}]\n",
+            db.display()
+        ),
+    )
+    .await;
+    let body = chat(1, true).to_string();
+    let mut client = tokio::net::TcpStream::connect(harness.gateway.addr())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    client.write_all(body.as_bytes()).await.unwrap();
+    // Leave after a few words, long before the fortieth.
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while received.windows(9).filter(|w| w == b"\"content\"").count() < 4 {
+        let read = client.read(&mut buffer).await.unwrap();
+        assert!(read > 0, "{}", String::from_utf8_lossy(&received));
+        received.extend_from_slice(&buffer[..read]);
+    }
+    drop(client);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let Harness { gateway, fleet, .. } = harness;
+    gateway.shutdown().await;
+    fleet.shutdown().await;
+
+    let connection = rusqlite::Connection::open(&db).unwrap();
+    let (stream, source, input, output): (bool, String, i64, i64) = connection
+        .query_row(
+            "SELECT stream, source, input_tokens, output_tokens FROM usage_records",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap();
+    assert!(stream);
+    assert_eq!(
+        source, "estimated",
+        "no usage chunk came before the caller left"
+    );
+    assert!(input > 0, "the prompt is counted");
+    assert!(
+        (1..20).contains(&output),
+        "the few words the caller got are counted, not the answer it left: {output}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_outage_during_1000_requests_loses_no_record() {
     let server = PrivatePostgres::start().unwrap_or_else(|message| panic!("{message}"));
