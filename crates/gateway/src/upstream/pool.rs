@@ -412,19 +412,28 @@ impl Drop for UpstreamBody {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut rest = UpstreamBody {
+        let mut rest = Salvaged(UpstreamBody {
             inner: std::mem::replace(&mut self.inner, Inner::Ended),
             home: self.home.take(),
-        };
+        });
         runtime.spawn(async move {
-            let salvage = std::future::poll_fn(|cx| match rest.read_arrived(cx, &mut budget) {
+            let salvage = std::future::poll_fn(|cx| match rest.0.read_arrived(cx, &mut budget) {
                 Some(_) => Poll::Ready(()),
                 None => Poll::Pending,
             });
             let _ = tokio::time::timeout(SALVAGE_TIME, salvage).await;
-            // Not ended in time: the connection closes here, without another salvage.
-            drop(rest.home.take());
         });
+    }
+}
+
+/// A body read on after its caller dropped it. However its salvage ends (in time, too late, or
+/// cancelled with its runtime), a connection it did not bring home closes without another
+/// salvage: one from here would be spawned again for ever on a runtime that is shutting down.
+struct Salvaged(UpstreamBody);
+
+impl Drop for Salvaged {
+    fn drop(&mut self) {
+        self.0.home = None;
     }
 }
 
@@ -583,6 +592,35 @@ mod tests {
         }
         assert_eq!(read(&pool, &uri).await, 100);
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_salvage_under_way_when_its_runtime_shuts_down_closes_its_connection() {
+        use futures_util::StreamExt;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (uri, _) = counting(|io| {
+                let service = service_fn(|_request| async {
+                    // The body's first bytes, then nothing: its end never comes.
+                    let first = Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"x")));
+                    let body =
+                        futures_util::stream::iter([first]).chain(futures_util::stream::pending());
+                    Ok::<_, Infallible>(Response::new(http_body_util::StreamBody::new(body)))
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(io, service),
+                );
+            })
+            .await;
+            let pool = Pool::new(Duration::from_secs(1));
+            // Dropped before its end: a task of its own reads on to save the connection.
+            drop(pool.request(post(&uri)).await.unwrap());
+        });
+        // Cancelled, the salvage closes the connection; it is not salvaged again.
+        drop(runtime);
     }
 
     #[tokio::test]
