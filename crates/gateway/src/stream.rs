@@ -682,25 +682,33 @@ impl Answering {
     /// The usage comment and the terminal event; the usage is reported and settled (and told
     /// the trace, with the `cut` that ended the stream, if one did).
     fn end(&mut self, terminal: Option<Bytes>, cut: Option<(Instant, &str)>) -> Bytes {
-        self.ended = true;
-        let own = self.relay.usage();
-        if let Some(trace) = &self.trace {
-            trace.ended(self.relay.translator.answer_so_far(), own, cut);
-        }
-        let usage = self.spent.map_or(own, |s| s.plus(own));
+        let (own, usage) = self.tell_end(cut);
         if let (Some(in_flight), UsageSource::Measured) =
             (self.relay.in_flight.as_mut(), own.source)
         {
             in_flight.settle(own.total_tokens(), onedoor_state::now_ms());
-        }
-        if let Some(sink) = self.sink.take() {
-            sink.report(usage);
         }
         let mut out = BytesMut::from(usage.sse_comment().as_bytes());
         if let Some(terminal) = terminal {
             out.extend_from_slice(&terminal);
         }
         out.freeze()
+    }
+
+    /// Ends the stream's account: the trace hears what it said (and the `cut` that ended it, if
+    /// one did) and the sink its usage, continuations' included. Returns the last relay's own
+    /// usage and the stream's.
+    fn tell_end(&mut self, cut: Option<(Instant, &str)>) -> (Usage, Usage) {
+        self.ended = true;
+        let own = self.relay.usage();
+        if let Some(trace) = &self.trace {
+            trace.ended(self.relay.translator.answer_so_far(), own, cut);
+        }
+        let usage = self.spent.map_or(own, |s| s.plus(own));
+        if let Some(sink) = self.sink.take() {
+            sink.report(usage);
+        }
+        (own, usage)
     }
 
     async fn continuation(&mut self) -> Option<Relay> {
@@ -730,15 +738,8 @@ impl Drop for Answering {
     /// A stream the caller left before its end still tells its trace what it said, and its
     /// usage so far (measured once the usage chunk went by, else counted from the text).
     fn drop(&mut self) {
-        if self.ended {
-            return;
-        }
-        let own = self.relay.usage();
-        if let Some(trace) = &self.trace {
-            trace.ended(self.relay.translator.answer_so_far(), own, None);
-        }
-        if let Some(sink) = self.sink.take() {
-            sink.report(self.spent.map_or(own, |s| s.plus(own)));
+        if !self.ended {
+            self.tell_end(None);
         }
     }
 }
