@@ -363,14 +363,7 @@ async fn a_client_that_goes_away_cancels_the_upstream_call() {
         ..Behavior::default()
     });
     let body = chat_body("slow", false).to_string();
-    let mut stream = tokio::net::TcpStream::connect(h.gateway.addr())
-        .await
-        .unwrap();
-    let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
+    let stream = h.post_on_socket("/v1/chat/completions", &body).await;
     let us = h.endpoint("us");
     assert!(eventually(|| us.requests("slow") == 1).await);
     drop(stream);

@@ -181,23 +181,33 @@ async fn the_usage_report_sums_exactly_the_usage_blocks_the_fleet_sent() {
     assert_eq!(backends, ["-", "flaky", "steady"]);
 }
 
+/// A gateway recording to the SQLite file `db`, with the alias `chat` on one Azure endpoint that
+/// answers as `behavior` says.
+async fn recording_one_stream(behavior: Behavior, db: &Path) -> Harness {
+    let spec = EndpointSpec::azure("upstream", "swedencentral")
+        .deployment(DeploymentSpec::new("gpt-4o"))
+        .behavior(behavior);
+    Harness::start(
+        vec![spec],
+        &format!(
+            "usage: {{ store: \"sqlite://{}\" }}\nbackends:\n  - {{ name: upstream, provider: azure, region: se, url: \"{{url:upstream}}\" }}\nmodels:\n  - name: chat\n    targets: [{{ backend: upstream, deployment: gpt-4o }}]\n",
+            db.display()
+        ),
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_stream_is_recorded_as_cut_with_estimated_tokens() {
     let dir = temp_dir("cut");
-    let spec = EndpointSpec::azure("cutting", "swedencentral")
-        .deployment(DeploymentSpec::new("gpt-4o"))
-        .behavior(Behavior {
+    let db = dir.join("usage.db");
+    let harness = recording_one_stream(
+        Behavior {
             cut_after: Some(3),
             reply_words: Some(20),
             ..Behavior::default()
-        });
-    let db = dir.join("usage.db");
-    let harness = Harness::start(
-        vec![spec],
-        &format!(
-            "usage: {{ store: \"sqlite://{}\" }}\nbackends:\n  - {{ name: cutting, provider: azure, region: se, url: \"{{url:cutting}}\" }}\nmodels:\n  - name: chat\n    targets: [{{ backend: cutting, deployment: gpt-4o }}]\n",
-            db.display()
-        ),
+        },
+        &db,
     )
     .await;
     let answer = harness.post("/v1/chat/completions", chat(1, true)).await;
@@ -223,34 +233,21 @@ async fn a_cut_stream_is_recorded_as_cut_with_estimated_tokens() {
 
 #[tokio::test]
 async fn a_stream_the_caller_leaves_is_recorded_with_the_text_it_received() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncReadExt;
     let dir = temp_dir("left");
-    let spec = EndpointSpec::azure("slow", "swedencentral")
-        .deployment(DeploymentSpec::new("gpt-4o"))
-        .behavior(Behavior {
+    let db = dir.join("usage.db");
+    let harness = recording_one_stream(
+        Behavior {
             inter_token_ms: 50,
             reply_words: Some(40),
             ..Behavior::default()
-        });
-    let db = dir.join("usage.db");
-    let harness = Harness::start(
-        vec![spec],
-        &format!(
-            "usage: {{ store: \"sqlite://{}\" }}\nbackends:\n  - {{ name: slow, provider: azure, region: se, url: \"{{url:slow}}\" }}\nmodels:\n  - name: chat\n    targets: [{{ backend: slow, deployment: gpt-4o }}]\n",
-            db.display()
-        ),
+        },
+        &db,
     )
     .await;
-    let body = chat(1, true).to_string();
-    let mut client = tokio::net::TcpStream::connect(harness.gateway.addr())
-        .await
-        .unwrap();
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    client.write_all(head.as_bytes()).await.unwrap();
-    client.write_all(body.as_bytes()).await.unwrap();
+    let mut client = harness
+        .post_on_socket("/v1/chat/completions", &chat(1, true).to_string())
+        .await;
     // Leave after a few words, long before the fortieth.
     let mut received = Vec::new();
     let mut buffer = [0u8; 4096];

@@ -188,6 +188,21 @@ impl Harness {
         .await
     }
 
+    /// POSTs JSON text to the client port with the team's key on a socket of its own, and hands
+    /// the socket back open: the test reads as much of the answer as it wants, or goes away.
+    pub async fn post_on_socket(&self, path: &str, body: &str) -> tokio::net::TcpStream {
+        use tokio::io::AsyncWriteExt;
+        let mut socket = tokio::net::TcpStream::connect(self.gateway.addr())
+            .await
+            .unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEY}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        socket
+    }
+
     /// A chat completion on `/v1` for `model`.
     pub async fn chat(&self, model: &str) -> Answer {
         self.post("/v1/chat/completions", chat_body(model, false))
