@@ -52,7 +52,7 @@ impl Dispatch {
     pub async fn attempt(
         &self,
         request: &ClientRequest,
-        candidate: &Candidate,
+        candidate: Candidate,
         deadline: Instant,
         continuing: Option<Identity>,
     ) -> Result<Answer, Failure> {
@@ -95,6 +95,8 @@ impl Dispatch {
         let deadline = deadline.min(now + backend.timeouts.total);
         let first_token_by = now + backend.timeouts.first_token;
         let load = runtime.load(candidate.backend).cloned().unwrap_or_default();
+        // Not kept across the awaits below: the attempt's future stays smaller.
+        drop(candidate);
         let mut in_flight = load.begin(request.estimated_tokens(self.operation), now_ms());
         let sent = upstream::send(client, wire, first_token_by, deadline).await;
         match &sent {
@@ -211,7 +213,12 @@ impl Continuation {
             let began = Instant::now();
             let result = self
                 .dispatch
-                .attempt(&request, &candidate, self.deadline, Some(identity.clone()))
+                .attempt(
+                    &request,
+                    candidate.clone(),
+                    self.deadline,
+                    Some(identity.clone()),
+                )
                 .await;
             if let Some(trace) = &self.trace {
                 let outcome = match &result {

@@ -151,7 +151,7 @@ impl<'a> Failover<'a> {
 
     /// Runs attempts until one succeeds; `attempt` performs one and returns its success value.
     pub async fn run<T, F, Fut>(
-        mut self,
+        &mut self,
         trail: &mut Trail,
         mut attempt: F,
     ) -> Result<(Candidate, T), Ending>
@@ -368,7 +368,7 @@ impl<'a> Failover<'a> {
     }
 
     /// The answer when no attempt succeeded.
-    fn ending(mut self, trail: &Trail, out_of_time: bool) -> Ending {
+    fn ending(&mut self, trail: &Trail, out_of_time: bool) -> Ending {
         if let Some((backend, failure)) = self.context_fallback.take() {
             return Ending::Upstream { backend, failure };
         }

@@ -321,7 +321,7 @@ impl<'a> Call<'a> {
         })
     }
 
-    async fn run(mut self, exchange: &mut Exchange) -> Result<Response<Body>, GatewayError> {
+    async fn run(&mut self, exchange: &mut Exchange) -> Result<Response<Body>, GatewayError> {
         let runtime = self.dispatch.runtime.clone();
         let snapshot = &runtime.snapshot;
         exchange.alias = Some(self.name.clone());
@@ -415,13 +415,18 @@ impl<'a> Call<'a> {
                 serde_json::json!({"prompt": prompt, "total": tokens}),
             );
         }
-        let failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
+        // Borrowed by its run, not moved into it: the run's future does not carry it twice.
+        let mut failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
         let (dispatch, request) = (&self.dispatch, &self.request);
+        // Each attempt's future is boxed: the request's futures above it stay kilobytes smaller,
+        // and each of them is copied as the request goes down.
         let outcome = failover
-            .run(&mut exchange.trail, |candidate| async move {
-                dispatch.attempt(request, &candidate, deadline, None).await
+            .run(&mut exchange.trail, |candidate| {
+                Box::pin(dispatch.attempt(request, candidate, deadline, None))
             })
             .await;
+        // Its breaker probes, if it took any, are let go as soon as the attempts end.
+        drop(failover);
         let dialect = self.dispatch.dialect;
         let answered = match outcome {
             Ok((candidate, Answer::Stream(relay))) => {

@@ -174,12 +174,15 @@ impl Store {
     }
 }
 
-/// Every method goes to the chosen store; the memory arm completes on its first poll.
+/// Every method goes to the chosen store; the memory arm completes on its first poll. The
+/// Redis arm's future (a round trip's state, a kilobyte or more) is boxed: held inline, it
+/// would make the future of every caller that large, and every request's future copies its
+/// callers' futures as it goes down, whichever store it has. A Redis call allocates once.
 macro_rules! delegate {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             Store::Memory($store) => $call.await,
-            Store::Redis($store) => $call.await,
+            Store::Redis($store) => Box::pin($call).await,
         }
     };
 }

@@ -123,7 +123,7 @@ async fn accept(
     keep_realtime_capable(runtime, &mut plan);
     let client = OnUpgrade::take(&mut request);
     let deadline = Instant::now() + snapshot.routing.timeouts.total;
-    let failover = Failover::new(runtime, &ask.alias, alias_index, plan, deadline, 0);
+    let mut failover = Failover::new(runtime, &ask.alias, alias_index, plan, deadline, 0);
     let asked = &ask;
     let traceparent = seen.trail.spans.as_ref().map(Attempts::traceparent);
     let traceparent = traceparent.as_deref();
@@ -132,6 +132,7 @@ async fn accept(
             upstream::connect(runtime, &candidate, asked, deadline, traceparent).await
         })
         .await;
+    drop(failover);
     let (candidate, upstream) = match outcome {
         Ok(found) => found,
         Err(Ending::Error(error)) => return Err(error),
