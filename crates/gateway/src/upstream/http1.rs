@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::framing::{self, wants_close, Chunked, Step};
+use crate::{headroom, outcome};
 
 /// The connector's socket: plain TCP as it is, rustls over it boxed (a TLS session is some
 /// kilobytes that a plain connection need not carry).
@@ -300,6 +301,26 @@ fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
     (head, body.clone())
 }
 
+/// The answer headers the gateway reads: the framing's, the content type, the retry hints
+/// ([`outcome::retry_after`]) and the backend's remaining quota ([`headroom::REMAINING`]).
+/// The others are left out of the head as it is read: an Azure answer carries a dozen more
+/// (request ids, region, content-filter flags), each hashed and stored for nobody.
+const READ: [&str; 8] = [
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "retry-after",
+    outcome::RETRY_AFTER_MS,
+    headroom::REMAINING[0],
+    headroom::REMAINING[1],
+];
+
+fn is_read(name: &[u8]) -> bool {
+    READ.iter()
+        .any(|read| read.len() == name.len() && read.as_bytes().eq_ignore_ascii_case(name))
+}
+
 struct Head {
     status: StatusCode,
     version: Version,
@@ -330,7 +351,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     // Header values stay in the bytes read: their ranges now, their slices once the head is taken.
     let start = buffer.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
-    for field in parsed.headers.iter() {
+    for field in parsed.headers.iter().filter(|f| is_read(f.name.as_bytes())) {
         let name = crate::framing::header_name(field.name.as_bytes())
             .map_err(|_| format!("the answer has an invalid header name {:?}", field.name))?;
         let at = field.value.as_ptr() as usize - start;
@@ -488,9 +509,9 @@ mod tests {
 
     #[test]
     fn heads_parse_and_say_how_their_body_ends() {
-        let ok = head(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\nx-a: 1\r\nx-a: 2\r\n\r\nbody");
+        let ok = head(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\nretry-after: 1\r\nretry-after: 2\r\n\r\nbody");
         assert_eq!(ok.status, StatusCode::OK);
-        assert_eq!(ok.headers.get_all("x-a").iter().count(), 2);
+        assert_eq!(ok.headers.get_all("retry-after").iter().count(), 2);
         assert_eq!(framing(&ok, false).unwrap(), Framing::Length(12));
         assert_eq!(framing(&ok, true).unwrap(), Framing::Done);
         let chunked = head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n");
@@ -511,6 +532,32 @@ mod tests {
                 .is_none()
         );
         assert!(parse_head(&mut BytesMut::from(&b"SSH-2.0-OpenSSH\r\n\r\n"[..])).is_err());
+    }
+
+    #[test]
+    fn a_head_keeps_the_headers_the_gateway_reads_and_leaves_out_the_rest() {
+        let azure = head(
+            b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n\
+              apim-request-id: 4e52\r\nx-ms-region: Sweden Central\r\nRetry-After-Ms: 1500\r\n\
+              x-ratelimit-remaining-requests: 0\r\nx-ratelimit-remaining-tokens: 12\r\n\
+              x-ms-client-request-id: 4e52\r\ncontent-length: 2\r\n\r\n{}",
+        );
+        let mut kept: Vec<&str> = azure.headers.keys().map(|name| name.as_str()).collect();
+        kept.sort_unstable();
+        assert_eq!(
+            kept,
+            [
+                "content-length",
+                "content-type",
+                "retry-after-ms",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-remaining-tokens"
+            ]
+        );
+        assert_eq!(
+            outcome::retry_after(&azure.headers),
+            Some(std::time::Duration::from_millis(1500))
+        );
     }
 
     #[test]
