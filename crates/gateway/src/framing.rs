@@ -2,7 +2,7 @@
 //! decoding (answers from upstreams, request bodies from clients), bodies of a known length, and
 //! when a message ends its connection.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, InvalidHeaderName};
 use http::{header, HeaderMap, Version};
 
@@ -115,14 +115,11 @@ const MAX_LINE: usize = 4096;
 pub fn chunked_step(buffer: &mut BytesMut, state: &mut Chunked) -> Result<Step, &'static str> {
     match *state {
         Chunked::Size => {
-            let Some(line) = take_line(buffer)? else {
+            let Some(line) = line_length(buffer)? else {
                 return Ok(Step::Read);
             };
-            let size = line[..].split(|b| *b == b';').next().unwrap_or(&[]);
-            let size = std::str::from_utf8(size)
-                .ok()
-                .and_then(|s| u64::from_str_radix(s.trim(), 16).ok())
-                .ok_or("an invalid chunk size")?;
+            let size = chunk_size(&buffer[..line.text]).ok_or("an invalid chunk size")?;
+            buffer.advance(line.whole);
             *state = match size {
                 0 => Chunked::Trailers,
                 n => Chunked::Data(n),
@@ -137,18 +134,24 @@ pub fn chunked_step(buffer: &mut BytesMut, state: &mut Chunked) -> Result<Step, 
             };
             Ok(bytes.map_or(Step::Read, Step::Data))
         }
-        Chunked::DataEnd => match take_line(buffer)? {
+        Chunked::DataEnd => match line_length(buffer)? {
             None => Ok(Step::Read),
-            Some(line) if line.is_empty() => {
+            Some(line) if line.text == 0 => {
+                buffer.advance(line.whole);
                 *state = Chunked::Size;
                 Ok(Step::Continue)
             }
             Some(_) => Err("a chunk that does not end where its size said"),
         },
-        Chunked::Trailers => match take_line(buffer)? {
+        Chunked::Trailers => match line_length(buffer)? {
             None => Ok(Step::Read),
-            Some(line) if line.is_empty() => Ok(Step::End),
-            Some(_) => Ok(Step::Continue),
+            Some(line) => {
+                buffer.advance(line.whole);
+                match line.text {
+                    0 => Ok(Step::End),
+                    _ => Ok(Step::Continue),
+                }
+            }
         },
     }
 }
@@ -168,20 +171,42 @@ pub fn take(buffer: &mut BytesMut, left: u64) -> (Option<Bytes>, u64) {
     (Some(bytes.freeze()), left - n as u64)
 }
 
-/// A line ending in CRLF (or LF) taken from the buffer, without its end.
-fn take_line(buffer: &mut BytesMut) -> Result<Option<BytesMut>, &'static str> {
+/// The line at a buffer's start: its text's length, and its length with its end (CRLF or LF).
+struct Line {
+    text: usize,
+    whole: usize,
+}
+
+/// The line a buffer begins with, read in place (the caller skips it once read); `None` until
+/// its end arrived.
+fn line_length(buffer: &BytesMut) -> Result<Option<Line>, &'static str> {
     let Some(end) = memchr::memchr(b'\n', buffer) else {
         if buffer.len() > MAX_LINE {
             return Err("a chunk line longer than 4 KiB");
         }
         return Ok(None);
     };
-    let mut line = buffer.split_to(end + 1);
-    line.truncate(end);
-    if line.last() == Some(&b'\r') {
-        line.truncate(end - 1);
+    let text = match end > 0 && buffer[end - 1] == b'\r' {
+        true => end - 1,
+        false => end,
+    };
+    Ok(Some(Line {
+        text,
+        whole: end + 1,
+    }))
+}
+
+/// A chunk-size line's size: hexadecimal digits, blanks around them, and any chunk extensions
+/// after a `;` ignored. `None` for anything else, or a size past `u64`.
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let digits = line.split(|b| *b == b';').next()?.trim_ascii();
+    if digits.is_empty() {
+        return None;
     }
-    Ok(Some(line))
+    digits.iter().try_fold(0u64, |size, &digit| {
+        let value = (digit as char).to_digit(16)?;
+        size.checked_mul(16)?.checked_add(u64::from(value))
+    })
 }
 
 /// Whether a message with these headers ends its connection after this exchange.
@@ -264,6 +289,27 @@ mod tests {
         assert!(decode(b"3\r\nhello\r\n0\r\n\r\n").is_err());
         assert!(decode(b"zz\r\n").is_err());
         assert!(decode(&[b'1'; 5000]).is_err());
+    }
+
+    #[test]
+    fn chunk_sizes_are_hexadecimal_with_blanks_and_extensions_allowed() {
+        assert_eq!(chunk_size(b"1A"), Some(26));
+        assert_eq!(chunk_size(b" ff ;ext=1"), Some(255));
+        assert_eq!(chunk_size(b"0"), Some(0));
+        assert_eq!(chunk_size(b"ffffffffffffffff"), Some(u64::MAX));
+        for bad in [
+            &b""[..],
+            b";x",
+            b"+5",
+            b"-1",
+            b"g",
+            b"1 2",
+            b"10000000000000000",
+        ] {
+            assert_eq!(chunk_size(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+        // A chunk-size line that ends in a bare LF reads as one that ends in CRLF.
+        assert_eq!(decode(b"5\nhello\n0\n\n").unwrap(), b"hello");
     }
 
     #[test]
