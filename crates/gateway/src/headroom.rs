@@ -97,10 +97,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The headers in which a backend says what is left of its quota: requests, then tokens.
-pub const REMAINING: [&str; 2] = [
-    "x-ratelimit-remaining-requests",
-    "x-ratelimit-remaining-tokens",
-];
+pub const REMAINING_REQUESTS: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining-requests");
+pub const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
 
 fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     let value = headers
@@ -201,10 +200,8 @@ impl Load {
 
     /// Reads `x-ratelimit-remaining-requests` / `-tokens` from an upstream answer.
     pub fn observe(&self, headers: &HeaderMap, now_ms: u64) {
-        const REQUESTS: HeaderName = HeaderName::from_static(REMAINING[0]);
-        const TOKENS: HeaderName = HeaderName::from_static(REMAINING[1]);
-        let requests = header_number(headers, &REQUESTS);
-        let tokens = header_number(headers, &TOKENS);
+        let requests = header_number(headers, &REMAINING_REQUESTS);
+        let tokens = header_number(headers, &REMAINING_TOKENS);
         if requests.is_some() || tokens.is_some() {
             *lock(&self.remaining) = Remaining {
                 requests,

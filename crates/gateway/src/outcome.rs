@@ -89,18 +89,17 @@ fn status_verdict(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdi
 }
 
 /// Azure's precise retry hint, in milliseconds.
-pub const RETRY_AFTER_MS: &str = "retry-after-ms";
+pub const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
 /// `retry-after-ms` when present (it is the precise one), else `retry-after` in seconds.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    const RETRY_AFTER_MS_NAME: HeaderName = HeaderName::from_static(RETRY_AFTER_MS);
     let header = |name: HeaderName| {
         headers
             .get(name)
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
-    if let Some(ms) = header(RETRY_AFTER_MS_NAME).and_then(|v| v.parse::<f64>().ok()) {
+    if let Some(ms) = header(RETRY_AFTER_MS).and_then(|v| v.parse::<f64>().ok()) {
         if ms.is_finite() && ms >= 0.0 {
             return Some(Duration::from_millis(ms.ceil() as u64));
         }

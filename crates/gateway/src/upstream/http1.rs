@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
@@ -302,23 +302,25 @@ fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
 }
 
 /// The answer headers the gateway reads: the framing's, the content type, the retry hints
-/// ([`outcome::retry_after`]) and the backend's remaining quota ([`headroom::REMAINING`]).
+/// ([`outcome::retry_after`]) and the backend's remaining quota ([`headroom::Load::observe`]).
 /// The others are left out of the head as it is read: an Azure answer carries a dozen more
 /// (request ids, region, content-filter flags), each hashed and stored for nobody.
-const READ: [&str; 8] = [
-    "content-type",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "retry-after",
+static READ: [HeaderName; 8] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::RETRY_AFTER,
     outcome::RETRY_AFTER_MS,
-    headroom::REMAINING[0],
-    headroom::REMAINING[1],
+    headroom::REMAINING_REQUESTS,
+    headroom::REMAINING_TOKENS,
 ];
 
-fn is_read(name: &[u8]) -> bool {
+/// The name of a header the gateway reads, as read off the wire in any case; `None` for others.
+fn read_name(name: &[u8]) -> Option<HeaderName> {
     READ.iter()
-        .any(|read| read.len() == name.len() && read.as_bytes().eq_ignore_ascii_case(name))
+        .find(|read| read.as_str().as_bytes().eq_ignore_ascii_case(name))
+        .cloned()
 }
 
 struct Head {
@@ -351,9 +353,10 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     // Header values stay in the bytes read: their ranges now, their slices once the head is taken.
     let start = buffer.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
-    for field in parsed.headers.iter().filter(|f| is_read(f.name.as_bytes())) {
-        let name = crate::framing::header_name(field.name.as_bytes())
-            .map_err(|_| format!("the answer has an invalid header name {:?}", field.name))?;
+    for field in parsed.headers.iter() {
+        let Some(name) = read_name(field.name.as_bytes()) else {
+            continue;
+        };
         let at = field.value.as_ptr() as usize - start;
         fields.push((name, at..at + field.value.len()));
     }
