@@ -354,6 +354,9 @@ impl Connection {
 
     /// Sends the head with the body's first bytes, then the rest as it comes; a body that
     /// fails midway ends the connection without its last chunk, so the client sees it cut.
+    /// Data that is already behind a frame that came at once goes out with it, in one chunk.
+    /// Behind a frame that was waited for, nothing is looked for: the body has just said it
+    /// waits, and asking again would cost a poll an event of a paced stream.
     async fn send_body(
         &mut self,
         head: Vec<u8>,
@@ -362,10 +365,10 @@ impl Connection {
     ) -> io::Result<()> {
         let mut head = Some(head);
         loop {
-            let frame = match head.is_some() {
+            let (frame, at_once) = match head.is_some() {
                 // The head waits for the body's first bytes only if they are there already.
                 true => match std::future::poll_fn(|cx| Poll::Ready(poll_now(body, cx))).await {
-                    Some(frame) => frame,
+                    Some(frame) => (frame, true),
                     None => {
                         let written = head.take().unwrap_or_default();
                         self.stream.write_all(&written).await?;
@@ -374,44 +377,57 @@ impl Connection {
                 },
                 false => self.next_frame(body).await?,
             };
-            let data = match frame {
-                None => Bytes::new(),
+            let mut batch = match frame {
+                None => Batch::ended(),
                 Some(Ok(data)) if data.is_empty() => continue,
-                Some(Ok(data)) => data,
+                Some(Ok(data)) => Batch::of(data, body),
                 Some(Err(())) => return Err(io::ErrorKind::BrokenPipe.into()),
             };
-            let end = data.is_empty() || body.is_end_stream();
-            let (size, size_length) = chunk_size_line(data.len());
-            let mut parts = [
-                IoSlice::new(head.as_deref().unwrap_or_default()),
-                IoSlice::new(match framing {
-                    BodyFraming::Chunked if !data.is_empty() => &size[..size_length],
-                    _ => b"",
-                }),
-                IoSlice::new(&data),
-                IoSlice::new(match (framing, data.is_empty(), end) {
-                    (BodyFraming::Chunked, false, true) => b"\r\n0\r\n\r\n",
-                    (BodyFraming::Chunked, false, false) => b"\r\n",
-                    (BodyFraming::Chunked, true, _) => b"0\r\n\r\n",
-                    _ => b"",
-                }),
-            ];
-            write_all_vectored(&mut self.stream, &mut parts).await?;
+            if at_once {
+                std::future::poll_fn(|cx| {
+                    batch.gather(body, cx);
+                    Poll::Ready(())
+                })
+                .await;
+            }
+            let (size, size_length) = chunk_size_line(batch.length);
+            let mut parts = [IoSlice::new(&[]); GATHER + 3];
+            parts[0] = IoSlice::new(head.as_deref().unwrap_or_default());
+            if framing == BodyFraming::Chunked && batch.length > 0 {
+                parts[1] = IoSlice::new(&size[..size_length]);
+            }
+            let taken = 2 + batch.fill(&mut parts[2..GATHER + 2]);
+            parts[taken] = IoSlice::new(match (framing, batch.length, batch.end) {
+                (BodyFraming::Chunked, 1.., true) => b"\r\n0\r\n\r\n",
+                (BodyFraming::Chunked, 1.., false) => b"\r\n",
+                (BodyFraming::Chunked, 0, _) => b"0\r\n\r\n",
+                _ => b"",
+            });
+            write_all_vectored(&mut self.stream, &mut parts[..taken + 1]).await?;
             head = None;
-            if end {
+            if batch.failed {
+                return Err(io::ErrorKind::BrokenPipe.into());
+            }
+            if batch.end {
                 return Ok(());
             }
         }
     }
 
     /// The body's next data, watching for the client leaving meanwhile (a stream waits here
-    /// between events); `Some(Err)` when the body failed.
-    async fn next_frame(&mut self, body: &mut Body) -> io::Result<Next> {
+    /// between events); `Some(Err)` when the body failed. With it, whether it was there at the
+    /// first look.
+    async fn next_frame(&mut self, body: &mut Body) -> io::Result<(Next, bool)> {
+        let mut looks = 0;
         loop {
+            let look = |cx: &mut Context<'_>| {
+                looks += 1;
+                Pin::new(&mut *body).poll_frame(cx)
+            };
             tokio::select! {
                 biased;
-                frame = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)) => {
-                    return Ok(match frame {
+                frame = std::future::poll_fn(look) => {
+                    let next = match frame {
                         None => None,
                         Some(Ok(frame)) => match frame.into_data() {
                             Ok(data) => Some(Ok(data)),
@@ -421,7 +437,8 @@ impl Connection {
                             tracing::debug!(%error, "an answer's body failed midway");
                             Some(Err(()))
                         }
-                    });
+                    };
+                    return Ok((next, looks == 1));
                 }
                 left = self.left() => if left {
                     return Err(io::ErrorKind::ConnectionAborted.into());
@@ -498,10 +515,74 @@ fn poll_now(body: &mut Body, cx: &mut Context<'_>) -> Option<Next> {
                 Err(_) => continue,
             },
             Poll::Ready(Some(Err(error))) => {
-                tracing::debug!(%error, "an answer's body failed before its first bytes");
+                tracing::debug!(%error, "an answer's body failed");
                 Some(Some(Err(())))
             }
         };
+    }
+}
+
+/// How many of a body's frames one write takes at most.
+const GATHER: usize = 8;
+
+/// The body's data that one write sends: the frame that was awaited and the frames that were
+/// there already behind it (an upstream that sends several events at once, as Azure's content
+/// filter does, costs one write, not one an event).
+#[derive(Default)]
+struct Batch {
+    first: Bytes,
+    /// Frames behind the first: allocated only when there are any.
+    more: Vec<Bytes>,
+    length: usize,
+    /// The body ended with this data (the last chunk follows it).
+    end: bool,
+    /// The body failed after this data: it is written, then the connection ends unfinished.
+    failed: bool,
+}
+
+impl Batch {
+    /// The batch of a body that ended: no data, the last chunk.
+    fn ended() -> Batch {
+        Batch {
+            end: true,
+            ..Batch::default()
+        }
+    }
+
+    fn of(first: Bytes, body: &Body) -> Batch {
+        Batch {
+            length: first.len(),
+            first,
+            end: body.is_end_stream(),
+            ..Batch::default()
+        }
+    }
+
+    /// Takes the frames that are there now, until the batch is full or the body waits or ends.
+    fn gather(&mut self, body: &mut Body, cx: &mut Context<'_>) {
+        while !self.end && !self.failed && self.more.len() + 1 < GATHER {
+            match poll_now(body, cx) {
+                None => return,
+                Some(None) => self.end = true,
+                Some(Some(Ok(data))) if data.is_empty() => {}
+                Some(Some(Ok(data))) => {
+                    self.length += data.len();
+                    self.more.push(data);
+                    self.end = body.is_end_stream();
+                }
+                Some(Some(Err(()))) => self.failed = true,
+            }
+        }
+    }
+
+    /// The batch's data in `parts`, from the first; how many it took.
+    fn fill<'a>(&'a self, parts: &mut [IoSlice<'a>]) -> usize {
+        let data = std::iter::once(&self.first).chain(&self.more);
+        parts
+            .iter_mut()
+            .zip(data)
+            .map(|(part, data)| *part = IoSlice::new(data))
+            .count()
     }
 }
 
@@ -1073,6 +1154,51 @@ mod tests {
         assert!(chunk.starts_with("12C\r\nxxx"), "{chunk}");
         drop(events);
         assert_eq!(read_until(&mut client, "0\r\n\r\n").await, "0\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn events_already_there_behind_one_go_out_in_one_chunk() {
+        let (handler, Stream { events, .. }) = streaming();
+        let (address, _stop) = listen(handler).await;
+        let mut client = connect(address).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        read_until(&mut client, "\r\n\r\n").await;
+        for event in ["data: 1\n\n", "data: 2\n\n", "data: 3\n\n"] {
+            events.send(Bytes::from_static(event.as_bytes())).unwrap();
+        }
+        // The first was waited for and goes alone; the two behind it were there at once.
+        assert_eq!(
+            read_until(&mut client, "data: 3\n\n\r\n").await,
+            "9\r\ndata: 1\n\n\r\n12\r\ndata: 2\n\ndata: 3\n\n\r\n"
+        );
+        drop(events);
+        assert_eq!(read_until(&mut client, "0\r\n\r\n").await, "0\r\n\r\n");
+    }
+
+    #[tokio::test]
+    async fn data_ahead_of_a_body_failure_is_written_and_the_answer_is_left_cut() {
+        let handler = |_request| {
+            let frames = futures_util::stream::iter([
+                Ok(http_body::Frame::data(Bytes::from_static(b"data: 1\n\n"))),
+                Ok(http_body::Frame::data(Bytes::from_static(b"data: 2\n\n"))),
+                Err::<_, BoxError>("the upstream reset".into()),
+            ]);
+            std::future::ready(Response::new(StreamBody::new(frames).boxed_unsync()))
+        };
+        let (address, _stop) = listen(handler).await;
+        let mut client = connect(address).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until(&mut client, "never").await;
+        assert!(
+            answer.ends_with("\r\n\r\n12\r\ndata: 1\n\ndata: 2\n\n\r\n"),
+            "{answer}"
+        );
     }
 
     #[tokio::test]
