@@ -934,6 +934,16 @@ mod tests {
         TcpStream::connect(address).await.unwrap()
     }
 
+    /// A client that has asked for `/`.
+    async fn get(address: SocketAddr) -> TcpStream {
+        let mut client = connect(address).await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        client
+    }
+
     /// What the client reads until `needle` has come (or the connection's end).
     async fn read_until(client: &mut TcpStream, needle: &str) -> String {
         let mut seen = Vec::new();
@@ -1137,11 +1147,7 @@ mod tests {
     async fn answers_of_unknown_length_are_chunked_an_event_a_chunk_and_end_with_the_last_chunk() {
         let (handler, Stream { events, .. }) = streaming();
         let (address, _stop) = listen(handler).await;
-        let mut client = connect(address).await;
-        client
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let mut client = get(address).await;
         let head = read_until(&mut client, "\r\n\r\n").await;
         assert!(head.contains("transfer-encoding: chunked\r\n"), "{head}");
         events.send(Bytes::from_static(b"data: 1\n\n")).unwrap();
@@ -1160,11 +1166,7 @@ mod tests {
     async fn events_already_there_behind_one_go_out_in_one_chunk() {
         let (handler, Stream { events, .. }) = streaming();
         let (address, _stop) = listen(handler).await;
-        let mut client = connect(address).await;
-        client
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let mut client = get(address).await;
         read_until(&mut client, "\r\n\r\n").await;
         for event in ["data: 1\n\n", "data: 2\n\n", "data: 3\n\n"] {
             events.send(Bytes::from_static(event.as_bytes())).unwrap();
@@ -1189,11 +1191,7 @@ mod tests {
             std::future::ready(Response::new(StreamBody::new(frames).boxed_unsync()))
         };
         let (address, _stop) = listen(handler).await;
-        let mut client = connect(address).await;
-        client
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
+        let mut client = get(address).await;
         let answer = read_until(&mut client, "never").await;
         assert!(
             answer.ends_with("\r\n\r\n12\r\ndata: 1\n\ndata: 2\n\n\r\n"),
