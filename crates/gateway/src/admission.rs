@@ -256,9 +256,10 @@ pub async fn count_prompt(
         };
         counted.unwrap_or_else(|| (request.raw.len() as u64).div_ceil(4))
     };
-    // A large body, or the first count of an encoding (which loads its vocabulary), runs off
-    // the async threads.
-    if request.raw.len() <= COUNT_INLINE_BYTES && estimator.ready() {
+    // The first count of an encoding waits for its vocabulary, loaded off the async threads;
+    // a large body is counted off them too.
+    estimator.load().await;
+    if request.raw.len() <= COUNT_INLINE_BYTES {
         return count(request);
     }
     let owned = request.clone();
@@ -649,5 +650,49 @@ mod tests {
         assert_eq!(micro_usd(None, 1000, 100), 0);
         assert_eq!(seconds(Duration::from_millis(59_001)), "60s");
         assert_eq!(seconds(Duration::from_secs(14 * 3600 + 60)), "14h1m");
+    }
+
+    /// The blocking threads of the test's runtime, by the name it gives them.
+    fn threads_named(name: &str) -> usize {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return 0;
+        };
+        tasks
+            .flatten()
+            .filter(|task| {
+                std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.trim() == name)
+            })
+            .count()
+    }
+
+    #[test]
+    fn requests_that_come_while_the_vocabulary_loads_share_one_load() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .thread_name("vocab-wait")
+            .build()
+            .unwrap();
+        let body =
+            r#"{"model":"m","messages":[{"role":"user","content":"Say hello in five words."}]}"#;
+        let request = ClientRequest::parse(Bytes::from(body), Operation::ChatCompletions).unwrap();
+        let estimator = Estimator::for_model("gpt-4o");
+        let counts = runtime.block_on(async {
+            let counting: Vec<_> = (0..32)
+                .map(|_| {
+                    let request = request.clone();
+                    tokio::spawn(async move {
+                        count_prompt(estimator, &request, Operation::ChatCompletions).await
+                    })
+                })
+                .collect();
+            let mut counts = Vec::new();
+            for count in counting {
+                counts.push(count.await.unwrap());
+            }
+            counts
+        });
+        // 3 for the message, 1 for its role, 6 for the text, 3 to prime the reply.
+        assert!(counts.iter().all(|&count| count == 13), "{counts:?}");
+        // One thread loaded the vocabulary (none when an earlier test in this process had).
+        assert!(threads_named("vocab-wait") <= 1);
     }
 }

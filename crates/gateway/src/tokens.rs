@@ -158,14 +158,30 @@ impl Estimator {
 
     /// Tokens of plain text.
     pub fn text(&self, text: &str) -> u64 {
-        let tokenizer = match self.encoding {
-            Encoding::O200k => bpe_openai::o200k_base,
-            Encoding::Cl100k => bpe_openai::cl100k_base,
-            Encoding::Approximate => return (text.chars().count() as u64 * 2).div_ceil(7),
-        };
-        let counted = recent::count(self.encoding, text, |text| tokenizer().count(text) as u64);
-        loaded_flag(self.encoding).store(true, Ordering::Relaxed);
-        counted
+        if self.encoding == Encoding::Approximate {
+            return (text.chars().count() as u64 * 2).div_ceil(7);
+        }
+        let encoding = self.encoding;
+        recent::count(encoding, text, |text| {
+            vocabulary(encoding).map_or(0, |tokenizer| tokenizer.count(text) as u64)
+        })
+    }
+
+    /// Loads this encoding's vocabulary off the async threads, once: the requests that need it
+    /// while it loads wait for that one load, instead of each holding a blocking thread.
+    pub async fn load(&self) {
+        if self.ready() {
+            return;
+        }
+        let encoding = self.encoding;
+        loading(encoding)
+            .get_or_init(|| async move {
+                let loaded = tokio::task::spawn_blocking(move || vocabulary(encoding)).await;
+                if loaded.is_err() {
+                    tracing::warn!(?encoding, "the tokenizer's vocabulary did not load");
+                }
+            })
+            .await;
     }
 
     /// Whether counting can start at once: the vocabulary is loaded, or none is needed. Each
@@ -381,6 +397,28 @@ mod recent {
             c.counts.insert(key, counted);
         });
         counted
+    }
+}
+
+/// The tokenizer of `encoding`, loaded on first use (which takes a while: see
+/// [`Estimator::ready`]); `None` for the approximate count, which has none.
+fn vocabulary(encoding: Encoding) -> Option<&'static bpe_openai::Tokenizer> {
+    let tokenizer = match encoding {
+        Encoding::O200k => bpe_openai::o200k_base(),
+        Encoding::Cl100k => bpe_openai::cl100k_base(),
+        Encoding::Approximate => return None,
+    };
+    loaded_flag(encoding).store(true, Ordering::Relaxed);
+    Some(tokenizer)
+}
+
+/// The one load of each encoding's vocabulary that [`Estimator::load`] waits for.
+fn loading(encoding: Encoding) -> &'static tokio::sync::OnceCell<()> {
+    static O200K: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    static CL100K: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    match encoding {
+        Encoding::Cl100k => &CL100K,
+        Encoding::O200k | Encoding::Approximate => &O200K,
     }
 }
 
