@@ -5,6 +5,7 @@
 //! memory store uses this module's.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 
 /// Seconds in the rolling window.
 pub const WINDOW_SECONDS: u64 = 60;
@@ -188,12 +189,24 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub(crate) struct Window {
     buckets: [(u64, u64, u64); WINDOW_SECONDS as usize],
+    /// The minute's sum as of one second, kept up to date by the charges and corrections of
+    /// that second: every request of a second reads it instead of summing sixty buckets.
+    sum: Cell<Option<Sum>>,
+}
+
+/// The requests and tokens of the minute that ends with `second`.
+#[derive(Debug, Clone, Copy)]
+struct Sum {
+    second: u64,
+    requests: u64,
+    tokens: u64,
 }
 
 impl Default for Window {
     fn default() -> Self {
         Window {
             buckets: [(u64::MAX, 0, 0); WINDOW_SECONDS as usize],
+            sum: Cell::new(None),
         }
     }
 }
@@ -203,7 +216,22 @@ fn live(bucket_second: u64, second: u64) -> bool {
 }
 
 impl Window {
+    /// The requests and tokens of the minute that ends with `second`.
     pub fn used(&self, second: u64) -> (u64, u64) {
+        if let Some(sum) = self.sum.get().filter(|sum| sum.second == second) {
+            return (sum.requests, sum.tokens);
+        }
+        let (requests, tokens) = self.summed(second);
+        self.sum.set(Some(Sum {
+            second,
+            requests,
+            tokens,
+        }));
+        (requests, tokens)
+    }
+
+    /// The minute's sum, bucket by bucket.
+    fn summed(&self, second: u64) -> (u64, u64) {
         // Without a branch a bucket, so the sum over the minute compiles to straight-line code.
         self.buckets.iter().fold((0, 0), |(r, t), (s, br, bt)| {
             let counted = u64::from(live(*s, second));
@@ -213,18 +241,40 @@ impl Window {
 
     pub fn add(&mut self, second: u64, requests: u64, tokens: u64) {
         let slot = &mut self.buckets[(second % WINDOW_SECONDS) as usize];
+        // A bucket taken over held a second at least a minute away from `second`: outside the
+        // minute that ends with it, so that minute's sum only gains the charge. Any other
+        // minute's sum may lose the old bucket, and is summed again when next read.
         if slot.0 != second {
             *slot = (second, 0, 0);
         }
         slot.1 += requests;
         slot.2 += tokens;
+        let sum = self.sum.get_mut();
+        match sum {
+            Some(sum) if sum.second == second => {
+                sum.requests += requests;
+                sum.tokens += tokens;
+            }
+            _ => *sum = None,
+        }
     }
 
     /// Changes the tokens charged in `second` by `delta`, if that bucket is still in the window.
     pub fn adjust(&mut self, second: u64, delta: i64) {
         let slot = &mut self.buckets[(second % WINDOW_SECONDS) as usize];
-        if slot.0 == second {
-            slot.2 = slot.2.saturating_add_signed(delta);
+        if slot.0 != second {
+            return;
+        }
+        let before = slot.2;
+        slot.2 = before.saturating_add_signed(delta);
+        let after = slot.2;
+        if let Some(sum) = self
+            .sum
+            .get_mut()
+            .as_mut()
+            .filter(|s| live(second, s.second))
+        {
+            sum.tokens = sum.tokens - before + after;
         }
     }
 
@@ -327,6 +377,38 @@ pub(crate) fn pick(failing: Vec<(usize, Check)>) -> Option<(usize, Check)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kept_sum_of_the_minute_is_always_the_sum_of_its_buckets() {
+        // A long random walk of charges, corrections and reads, seconds mostly moving on (a
+        // few at a time, sometimes a minute or more, sometimes back): every read must equal
+        // the sum over the buckets.
+        let mut w = Window::default();
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut random = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let mut second = 1_000u64;
+        for _ in 0..200_000 {
+            match random(100) {
+                0..=39 => w.add(second, 1, random(500)),
+                40..=59 => {
+                    let back = random(70);
+                    w.adjust(second.saturating_sub(back), random(600) as i64 - 300);
+                }
+                60..=89 => {
+                    let at = second.saturating_sub(random(3));
+                    assert_eq!(w.used(at), w.summed(at), "at second {at}");
+                }
+                90..=97 => second += random(3),
+                98 => second += 55 + random(10),
+                _ => second = second.saturating_sub(random(5)),
+            }
+        }
+    }
 
     #[test]
     fn a_charge_leaves_the_window_sixty_seconds_after_its_second() {
