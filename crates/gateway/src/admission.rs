@@ -237,6 +237,41 @@ pub fn estimator(alias: &Alias, requested: &str) -> Estimator {
     Estimator::for_model(name)
 }
 
+/// The estimators whose vocabularies a gateway on `snapshot` will count with: one per alias
+/// when some tenant or key has a token limit, none otherwise (nothing is ever counted then).
+pub fn vocabularies_needed(snapshot: &Snapshot) -> Vec<Estimator> {
+    let counts_tokens = snapshot.tenants.iter().any(|tenant| {
+        std::iter::once(&tenant.limits)
+            .chain(tenant.keys.iter().map(|key| &key.limits))
+            .filter_map(meter_limits)
+            .any(|limits| needs_tokens(&limits))
+    });
+    if !counts_tokens {
+        return Vec::new();
+    }
+    let mut needed: Vec<Estimator> = Vec::new();
+    for alias in &snapshot.aliases {
+        let estimator = estimator(alias, &alias.name);
+        if !needed.iter().any(|e| e.encoding == estimator.encoding) {
+            needed.push(estimator);
+        }
+    }
+    needed
+}
+
+/// Starts loading the vocabularies [`vocabularies_needed`] names, off the request path, so the
+/// first requests after a start or a reload find them loaded instead of waiting for them.
+pub fn load_vocabularies(snapshot: &Snapshot) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    for estimator in vocabularies_needed(snapshot) {
+        if !estimator.ready() {
+            runtime.spawn(async move { estimator.load().await });
+        }
+    }
+}
+
 /// Prompt tokens of `request` by the tokenizer; the rough byte estimate when the body is in a
 /// shape it does not count.
 pub async fn count_prompt(
@@ -601,6 +636,7 @@ impl Drop for Holding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::Encoding;
 
     #[test]
     fn the_tightest_of_tenant_and_key_is_what_the_headers_say() {
@@ -650,6 +686,59 @@ mod tests {
         assert_eq!(micro_usd(None, 1000, 100), 0);
         assert_eq!(seconds(Duration::from_millis(59_001)), "60s");
         assert_eq!(seconds(Duration::from_secs(14 * 3600 + 60)), "14h1m");
+    }
+
+    fn gateway(tenant_limits: &str) -> Snapshot {
+        let yaml = format!(
+            "backends:
+  - {{ name: a, provider: azure, url: https://a.example.com, region: westeurope, api_key: k }}
+models:
+  - {{ name: chat, targets: [{{ backend: a, deployment: gpt-4o }}] }}
+  - {{ name: mini, targets: [{{ backend: a, deployment: gpt-4o-mini }}] }}
+  - {{ name: old, targets: [{{ backend: a, deployment: gpt-4 }}] }}
+tenants:
+  - name: t
+    keys: [{{ id: k, sha256: {} }}]
+{tenant_limits}",
+            "ab".repeat(32)
+        );
+        onedoor_config::parse(&yaml, std::path::Path::new("t.yaml"), &|_| None).unwrap()
+    }
+
+    #[test]
+    fn vocabularies_are_needed_only_where_a_token_limit_counts_tokens() {
+        let encodings = |limits: &str| -> Vec<Encoding> {
+            vocabularies_needed(&gateway(limits))
+                .iter()
+                .map(|e| e.encoding)
+                .collect()
+        };
+        assert!(encodings("").is_empty());
+        assert!(encodings("    limits: { rpm: 10, max_in_flight: 2 }").is_empty());
+        // Three aliases, two encodings: gpt-4o and gpt-4o-mini share o200k_base.
+        let both = vec![Encoding::O200k, Encoding::Cl100k];
+        assert_eq!(encodings("    limits: { tpm: 1000 }"), both);
+        assert_eq!(encodings("    limits: { usd_per_month: 5 }"), both);
+    }
+
+    #[test]
+    fn a_gateway_with_token_limits_loads_its_vocabulary_before_the_first_request() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let snapshot = gateway("    limits: { tokens_per_day: 100000 }");
+        let estimator = Estimator::for_model("gpt-4");
+        assert!(!estimator.ready());
+        let loaded = runtime.block_on(async {
+            load_vocabularies(&snapshot);
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            while !estimator.ready() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            estimator.ready()
+        });
+        assert!(loaded, "cl100k_base was not loaded within 30 s");
     }
 
     /// The blocking threads of the test's runtime, by the name it gives them.

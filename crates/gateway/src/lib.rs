@@ -187,6 +187,7 @@ fn launch(
     let state = Arc::new(store_for(&snapshot.state));
     let (shutdown, watcher) = watch::channel(false);
     let mut runtime = Runtime::new(Arc::new(snapshot), state);
+    admission::load_vocabularies(&runtime.snapshot);
     runtime.recorder = recording::start(&runtime.snapshot);
     runtime.telemetry = telemetry::start(&runtime.snapshot);
     let seen = source.as_ref().map(|s| s.seen);

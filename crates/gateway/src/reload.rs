@@ -97,6 +97,7 @@ impl Live {
             );
         }
         let next = current.next(Arc::new(snapshot));
+        crate::admission::load_vocabularies(&next.snapshot);
         if let Some(old) = probes.take() {
             old.stop().await;
         }

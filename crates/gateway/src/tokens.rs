@@ -176,9 +176,14 @@ impl Estimator {
         let encoding = self.encoding;
         loading(encoding)
             .get_or_init(|| async move {
-                let loaded = tokio::task::spawn_blocking(move || vocabulary(encoding)).await;
-                if loaded.is_err() {
-                    tracing::warn!(?encoding, "the tokenizer's vocabulary did not load");
+                let started = std::time::Instant::now();
+                match tokio::task::spawn_blocking(move || vocabulary(encoding)).await {
+                    Ok(_) => tracing::info!(
+                        ?encoding,
+                        ms = started.elapsed().as_millis() as u64,
+                        "tokenizer vocabulary loaded"
+                    ),
+                    Err(_) => tracing::warn!(?encoding, "the tokenizer's vocabulary did not load"),
                 }
             })
             .await;
