@@ -266,9 +266,7 @@ pub fn load_vocabularies(snapshot: &Snapshot) {
         return;
     };
     for estimator in vocabularies_needed(snapshot) {
-        if !estimator.ready() {
-            runtime.spawn(async move { estimator.load().await });
-        }
+        runtime.spawn(async move { estimator.load().await });
     }
 }
 

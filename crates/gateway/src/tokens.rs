@@ -175,6 +175,7 @@ impl Estimator {
         }
         let encoding = self.encoding;
         loading(encoding)
+            .once
             .get_or_init(|| async move {
                 let started = std::time::Instant::now();
                 match tokio::task::spawn_blocking(move || vocabulary(encoding)).await {
@@ -190,10 +191,12 @@ impl Estimator {
     }
 
     /// Whether counting can start at once: the vocabulary is loaded, or none is needed. Each
-    /// encoding's is loaded by its first count (o200k_base about 160 ms and some 50 MB,
-    /// cl100k_base a third of that), so a gateway whose limits never count tokens never pays.
+    /// encoding's is loaded once (o200k_base about 160 ms and some 40 MB of tables,
+    /// cl100k_base a third of that): at start by a gateway whose limits count tokens, else by
+    /// its first count; a gateway whose limits never count tokens never pays.
     pub fn ready(&self) -> bool {
-        self.encoding == Encoding::Approximate || loaded_flag(self.encoding).load(Ordering::Relaxed)
+        self.encoding == Encoding::Approximate
+            || loading(self.encoding).loaded.load(Ordering::Relaxed)
     }
 
     /// The prompt tokens of a chat request's `messages` (and `tools`, `functions`, Anthropic's
@@ -413,23 +416,29 @@ fn vocabulary(encoding: Encoding) -> Option<&'static bpe_openai::Tokenizer> {
         Encoding::Cl100k => bpe_openai::cl100k_base(),
         Encoding::Approximate => return None,
     };
-    loaded_flag(encoding).store(true, Ordering::Relaxed);
+    loading(encoding).loaded.store(true, Ordering::Relaxed);
     Some(tokenizer)
 }
 
-/// The one load of each encoding's vocabulary that [`Estimator::load`] waits for.
-fn loading(encoding: Encoding) -> &'static tokio::sync::OnceCell<()> {
-    static O200K: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    static CL100K: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    match encoding {
-        Encoding::Cl100k => &CL100K,
-        Encoding::O200k | Encoding::Approximate => &O200K,
+/// One encoding's vocabulary as the process knows it: whether it is loaded (by whichever
+/// path), and the one load off the async threads that [`Estimator::load`] waits for.
+struct Loading {
+    loaded: AtomicBool,
+    once: tokio::sync::OnceCell<()>,
+}
+
+impl Loading {
+    const fn new() -> Loading {
+        Loading {
+            loaded: AtomicBool::new(false),
+            once: tokio::sync::OnceCell::const_new(),
+        }
     }
 }
 
-fn loaded_flag(encoding: Encoding) -> &'static AtomicBool {
-    static O200K: AtomicBool = AtomicBool::new(false);
-    static CL100K: AtomicBool = AtomicBool::new(false);
+fn loading(encoding: Encoding) -> &'static Loading {
+    static O200K: Loading = Loading::new();
+    static CL100K: Loading = Loading::new();
     match encoding {
         Encoding::Cl100k => &CL100K,
         Encoding::O200k | Encoding::Approximate => &O200K,
