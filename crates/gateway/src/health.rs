@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::header::HeaderName;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 use onedoor_config::{Backend, HealthCheck, Provider};
@@ -16,6 +17,7 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::fleet::{Check, Flags};
+use crate::provider::Credential;
 use crate::runtime::Runtime;
 use crate::upstream::{Failure, Pool};
 
@@ -31,7 +33,7 @@ pub struct Probes {
 struct Probe {
     name: String,
     uri: String,
-    headers: Vec<(&'static str, HeaderValue)>,
+    headers: Vec<Credential>,
     client: Pool,
     interval: Duration,
     /// A probe that takes longer than this failed.
@@ -74,14 +76,14 @@ impl Probe {
     fn new(
         backend: &Backend,
         check: &HealthCheck,
-        credential: Option<(&'static str, HeaderValue)>,
+        credential: Option<Credential>,
         client: Pool,
         flags: Arc<Flags>,
     ) -> Self {
-        let mut headers: Vec<(&'static str, HeaderValue)> = credential.into_iter().collect();
+        let mut headers: Vec<Credential> = credential.into_iter().collect();
         if backend.provider == Provider::Anthropic {
             if let Ok(version) = HeaderValue::from_str(&backend.anthropic_version) {
-                headers.push(("anthropic-version", version));
+                headers.push((HeaderName::from_static("anthropic-version"), version));
             }
         }
         Probe {
@@ -133,7 +135,7 @@ impl Probe {
     async fn outcome(&self) -> Result<String, String> {
         let mut request = Request::get(&self.uri);
         for (name, value) in &self.headers {
-            request = request.header(*name, value.clone());
+            request = request.header(name, value.clone());
         }
         let request = request
             .body(Bytes::new())

@@ -20,7 +20,7 @@ use crate::upstream::{client_fits, LaneClients};
 pub struct Runtime {
     pub snapshot: Arc<Snapshot>,
     pub clients: Vec<LaneClients>,
-    pub credentials: Vec<Option<(&'static str, HeaderValue)>>,
+    pub credentials: Vec<Option<provider::Credential>>,
     /// Each backend's `x-onedoor-backend` and `x-onedoor-region` values, made once.
     pub answered_by: Vec<[Option<HeaderValue>; 2]>,
     /// The upstream URL of every configured target, made once.

@@ -9,6 +9,7 @@ pub mod openai_shaped;
 pub mod responses;
 
 use bytes::Bytes;
+use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Uri};
 use onedoor_config::{Backend, Provider, Snapshot};
 use serde_json::Value;
@@ -62,14 +63,22 @@ pub struct StreamAnswer<'a> {
     pub finish_reason: Option<&'a str>,
 }
 
-/// The backend's credential as a header, prepared once per snapshot and marked sensitive so it is
-/// never printed.
-pub fn credential(backend: &Backend) -> Option<(&'static str, HeaderValue)> {
+/// A backend's credential header: its name and its value.
+pub type Credential = (HeaderName, HeaderValue);
+
+/// The backend's credential as a header, prepared once per snapshot (the name too, so a request
+/// does not parse it) and marked sensitive so it is never printed.
+pub fn credential(backend: &Backend) -> Option<Credential> {
+    const API_KEY: HeaderName = HeaderName::from_static("api-key");
+    const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
     let key = backend.api_key.as_ref()?;
     let (name, value) = match backend.provider {
-        Provider::Azure => ("api-key", key.expose().to_owned()),
-        Provider::Anthropic => ("x-api-key", key.expose().to_owned()),
-        Provider::OpenAi => ("authorization", format!("Bearer {}", key.expose())),
+        Provider::Azure => (API_KEY, key.expose().to_owned()),
+        Provider::Anthropic => (X_API_KEY, key.expose().to_owned()),
+        Provider::OpenAi => (
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", key.expose()),
+        ),
     };
     let mut value = HeaderValue::from_str(&value).ok()?;
     value.set_sensitive(true);
@@ -146,7 +155,7 @@ pub fn uri(backend: &Backend, deployment: &str, operation: Operation) -> Result<
 /// Anthropic backends); `known` is its [`uri`] when the caller has it made already.
 pub fn build(
     backend: &Backend,
-    credential: Option<&(&'static str, HeaderValue)>,
+    credential: Option<&Credential>,
     deployment: &str,
     operation: Operation,
     request: &ClientRequest,
@@ -178,7 +187,7 @@ pub fn build(
         headers.insert("anthropic-version", version);
     }
     if let Some((name, value)) = credential {
-        headers.insert(*name, value.clone());
+        headers.insert(name.clone(), value.clone());
     }
     Ok(WireRequest { uri, headers, body })
 }

@@ -21,6 +21,7 @@ use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::WebSocketStream;
 
 use super::ask::{Ask, Protocol};
+use crate::provider::Credential;
 use crate::router::Candidate;
 use crate::runtime::Runtime;
 use crate::telemetry::Traceparent;
@@ -138,9 +139,9 @@ pub fn url(backend: &Backend, deployment: &str, protocol: &Protocol) -> Option<S
 
 /// The handshake headers: the backend's credential (never the client's), the subprotocols the
 /// client offered minus any that carry a key, and the beta header of a beta-protocol client.
-fn headers(headers: &mut HeaderMap, credential: Option<&(&'static str, HeaderValue)>, ask: &Ask) {
+fn headers(headers: &mut HeaderMap, credential: Option<&Credential>, ask: &Ask) {
     if let Some((name, value)) = credential {
-        headers.insert(*name, value.clone());
+        headers.insert(name.clone(), value.clone());
     }
     if let Some(offered) = ask.forwarded_subprotocols() {
         headers.insert("sec-websocket-protocol", offered);
