@@ -228,8 +228,15 @@ thread_local! {
 /// never wakes a thread nor makes a system call for its line.
 struct Log {
     pending: Mutex<Vec<u8>>,
-    out: Mutex<Box<dyn Write + Send>>,
+    out: Mutex<Output>,
     writer: OnceLock<std::thread::Thread>,
+}
+
+/// The destination, and the buffer that takes the pending one's place while it is written out:
+/// the lines that come meanwhile land in room already there, not in a buffer that grows again.
+struct Output {
+    to: Box<dyn Write + Send>,
+    spare: Vec<u8>,
 }
 
 impl Log {
@@ -251,21 +258,20 @@ impl Log {
         }
     }
 
-    /// Takes what is pending and writes it to the destination.
+    /// Takes what is pending, the spare buffer in its place, and writes it to the destination.
     fn write_out(&self) {
         let mut out = lock(&self.out);
-        let text = std::mem::take(&mut *lock(&self.pending));
-        if text.is_empty() {
+        if lock(&self.pending).is_empty() {
             return;
         }
-        let _ = out.write_all(&text);
-        let _ = out.flush();
-        // Hand the allocation back, so the next lines do not grow a fresh buffer.
-        let mut pending = lock(&self.pending);
-        if pending.is_empty() && text.capacity() <= 2 * WAKE_AT {
-            let mut text = text;
+        let spare = std::mem::take(&mut out.spare);
+        let mut text = std::mem::replace(&mut *lock(&self.pending), spare);
+        let _ = out.to.write_all(&text);
+        let _ = out.to.flush();
+        // Kept as the next spare, unless a stalled destination let it grow far beyond the usual.
+        if text.capacity() <= 2 * WAKE_AT {
             text.clear();
-            *pending = text;
+            out.spare = text;
         }
     }
 }
@@ -281,7 +287,10 @@ fn log() -> Option<&'static Log> {
     *LOG.get_or_init(|| {
         let log: &'static Log = Box::leak(Box::new(Log {
             pending: Mutex::new(Vec::with_capacity(WAKE_AT)),
-            out: Mutex::new(destination()?),
+            out: Mutex::new(Output {
+                to: destination()?,
+                spare: Vec::with_capacity(WAKE_AT),
+            }),
             writer: OnceLock::new(),
         }));
         let writer = std::thread::Builder::new()
@@ -368,5 +377,50 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A destination the test reads back.
+    #[derive(Clone, Default)]
+    struct Shared(std::sync::Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            lock(&self.0).extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_appended_while_the_writer_writes_are_all_written_in_order_into_reused_buffers() {
+        let written = Shared::default();
+        let log = Log {
+            pending: Mutex::new(Vec::with_capacity(WAKE_AT)),
+            out: Mutex::new(Output {
+                to: Box::new(written.clone()),
+                spare: Vec::with_capacity(WAKE_AT),
+            }),
+            writer: OnceLock::new(),
+        };
+        let lines = 20_000;
+        std::thread::scope(|scope| {
+            let appending = scope.spawn(|| {
+                for n in 0..lines {
+                    log.append(format!("line {n}\n").as_bytes());
+                }
+            });
+            while !appending.is_finished() {
+                log.write_out();
+            }
+        });
+        log.write_out();
+        let text = String::from_utf8(lock(&written.0).clone()).unwrap();
+        let expected: String = (0..lines).map(|n| format!("line {n}\n")).collect();
+        assert!(text == expected, "lines lost or out of order");
+        // Both buffers keep their room: the next lines grow nothing.
+        assert!(lock(&log.pending).capacity() >= WAKE_AT);
+        assert!(lock(&log.out).spare.capacity() >= WAKE_AT);
     }
 }
