@@ -240,6 +240,18 @@ struct Output {
 }
 
 impl Log {
+    /// A log writing to `to`, with room for [`WAKE_AT`] bytes of lines in each of its buffers.
+    fn new(to: Box<dyn Write + Send>) -> Log {
+        Log {
+            pending: Mutex::new(Vec::with_capacity(WAKE_AT)),
+            out: Mutex::new(Output {
+                to,
+                spare: Vec::with_capacity(WAKE_AT),
+            }),
+            writer: OnceLock::new(),
+        }
+    }
+
     fn append(&self, line: &[u8]) {
         let size = {
             let mut pending = lock(&self.pending);
@@ -261,11 +273,13 @@ impl Log {
     /// Takes what is pending, the spare buffer in its place, and writes it to the destination.
     fn write_out(&self) {
         let mut out = lock(&self.out);
-        if lock(&self.pending).is_empty() {
-            return;
-        }
-        let spare = std::mem::take(&mut out.spare);
-        let mut text = std::mem::replace(&mut *lock(&self.pending), spare);
+        let mut text = {
+            let mut pending = lock(&self.pending);
+            if pending.is_empty() {
+                return;
+            }
+            std::mem::replace(&mut *pending, std::mem::take(&mut out.spare))
+        };
         let _ = out.to.write_all(&text);
         let _ = out.to.flush();
         // Kept as the next spare, unless a stalled destination let it grow far beyond the usual.
@@ -285,14 +299,7 @@ fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 fn log() -> Option<&'static Log> {
     static LOG: OnceLock<Option<&'static Log>> = OnceLock::new();
     *LOG.get_or_init(|| {
-        let log: &'static Log = Box::leak(Box::new(Log {
-            pending: Mutex::new(Vec::with_capacity(WAKE_AT)),
-            out: Mutex::new(Output {
-                to: destination()?,
-                spare: Vec::with_capacity(WAKE_AT),
-            }),
-            writer: OnceLock::new(),
-        }));
+        let log: &'static Log = Box::leak(Box::new(Log::new(destination()?)));
         let writer = std::thread::Builder::new()
             .name("onedoor-access-log".into())
             .spawn(move || loop {
@@ -396,14 +403,7 @@ mod tests {
     #[test]
     fn lines_appended_while_the_writer_writes_are_all_written_in_order_into_reused_buffers() {
         let written = Shared::default();
-        let log = Log {
-            pending: Mutex::new(Vec::with_capacity(WAKE_AT)),
-            out: Mutex::new(Output {
-                to: Box::new(written.clone()),
-                spare: Vec::with_capacity(WAKE_AT),
-            }),
-            writer: OnceLock::new(),
-        };
+        let log = Log::new(Box::new(written.clone()));
         let lines = 20_000;
         std::thread::scope(|scope| {
             let appending = scope.spawn(|| {
