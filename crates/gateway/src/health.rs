@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::HeaderName;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
 use onedoor_config::{Backend, HealthCheck, Provider};
@@ -17,7 +16,7 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::fleet::{Check, Flags};
-use crate::provider::Credential;
+use crate::provider::{self, Credential};
 use crate::runtime::Runtime;
 use crate::upstream::{Failure, Pool};
 
@@ -83,7 +82,7 @@ impl Probe {
         let mut headers: Vec<Credential> = credential.into_iter().collect();
         if backend.provider == Provider::Anthropic {
             if let Ok(version) = HeaderValue::from_str(&backend.anthropic_version) {
-                headers.push((HeaderName::from_static("anthropic-version"), version));
+                headers.push((provider::ANTHROPIC_VERSION, version));
             }
         }
         Probe {

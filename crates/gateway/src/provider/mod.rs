@@ -66,6 +66,9 @@ pub struct StreamAnswer<'a> {
 /// A backend's credential header: its name and its value.
 pub type Credential = (HeaderName, HeaderValue);
 
+/// The header that carries an Anthropic backend's API version.
+pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
 /// The backend's credential as a header, prepared once per snapshot (the name too, so a request
 /// does not parse it) and marked sensitive so it is never printed.
 pub fn credential(backend: &Backend) -> Option<Credential> {
@@ -184,7 +187,7 @@ pub fn build(
     if backend.provider == Provider::Anthropic {
         let version =
             HeaderValue::from_str(&backend.anthropic_version).map_err(|_| Unsendable::BadUrl)?;
-        headers.insert("anthropic-version", version);
+        headers.insert(ANTHROPIC_VERSION, version);
     }
     if let Some((name, value)) = credential {
         headers.insert(name.clone(), value.clone());
