@@ -68,13 +68,13 @@ impl Dispatch {
             .get(candidate.backend)
             .map(LaneClients::here)
             .ok_or_else(unknown)?;
-        let credential = runtime
-            .credentials
+        let stamp = runtime
+            .stamps
             .get(candidate.backend)
-            .and_then(Option::as_ref);
+            .map_or(&[][..], Vec::as_slice);
         let mut wire = provider::build(
             backend,
-            credential,
+            stamp,
             &candidate.deployment,
             self.operation,
             request,

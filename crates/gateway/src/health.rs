@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Request};
+use http::Request;
 use http_body_util::BodyExt;
-use onedoor_config::{Backend, HealthCheck, Provider};
+use onedoor_config::{Backend, HealthCheck};
 use onedoor_state::now_ms;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::fleet::{Check, Flags};
-use crate::provider::{self, Credential};
+use crate::provider::Header;
 use crate::runtime::Runtime;
 use crate::upstream::{Failure, Pool};
 
@@ -32,7 +32,7 @@ pub struct Probes {
 struct Probe {
     name: String,
     uri: String,
-    headers: Vec<Credential>,
+    headers: Vec<Header>,
     client: Pool,
     interval: Duration,
     /// A probe that takes longer than this failed.
@@ -52,14 +52,8 @@ impl Probes {
             else {
                 continue;
             };
-            let credential = runtime.credentials.get(id).cloned().flatten();
-            let probe = Probe::new(
-                backend,
-                check,
-                credential,
-                client.here().clone(),
-                flags.clone(),
-            );
+            let stamp = runtime.stamps.get(id).cloned().unwrap_or_default();
+            let probe = Probe::new(backend, check, stamp, client.here().clone(), flags.clone());
             tasks.spawn(probe.run(shutdown.clone()));
         }
         Probes { tasks }
@@ -75,16 +69,10 @@ impl Probe {
     fn new(
         backend: &Backend,
         check: &HealthCheck,
-        credential: Option<Credential>,
+        headers: Vec<Header>,
         client: Pool,
         flags: Arc<Flags>,
     ) -> Self {
-        let mut headers: Vec<Credential> = credential.into_iter().collect();
-        if backend.provider == Provider::Anthropic {
-            if let Ok(version) = HeaderValue::from_str(&backend.anthropic_version) {
-                headers.push((provider::ANTHROPIC_VERSION, version));
-            }
-        }
         Probe {
             name: backend.name.clone(),
             uri: format!("{}{}", backend.url, check.path),

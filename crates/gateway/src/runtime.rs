@@ -1,4 +1,4 @@
-//! What one config snapshot runs on: the snapshot itself, one upstream client and credential per
+//! What one config snapshot runs on: the snapshot itself, one upstream client and header stamp per
 //! backend, and the per-alias turn counters that split load by weight. Swapped whole on reload.
 
 use std::sync::atomic::AtomicU64;
@@ -20,7 +20,8 @@ use crate::upstream::{client_fits, LaneClients};
 pub struct Runtime {
     pub snapshot: Arc<Snapshot>,
     pub clients: Vec<LaneClients>,
-    pub credentials: Vec<Option<provider::Credential>>,
+    /// The headers every request to a backend carries (same index as `snapshot.backends`).
+    pub stamps: Vec<Vec<provider::Header>>,
     /// Each backend's `x-onedoor-backend` and `x-onedoor-region` values, made once.
     pub answered_by: Vec<[Option<HeaderValue>; 2]>,
     /// The upstream URL of every configured target, made once.
@@ -51,7 +52,7 @@ pub struct Runtime {
 impl Runtime {
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<Store>) -> Self {
         let clients = snapshot.backends.iter().map(LaneClients::new).collect();
-        let credentials = snapshot.backends.iter().map(provider::credential).collect();
+        let stamps = snapshot.backends.iter().map(provider::stamp).collect();
         let answered_by = snapshot
             .backends
             .iter()
@@ -75,7 +76,7 @@ impl Runtime {
         Runtime {
             snapshot,
             clients,
-            credentials,
+            stamps,
             answered_by,
             uris,
             turns,

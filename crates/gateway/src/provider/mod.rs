@@ -63,15 +63,25 @@ pub struct StreamAnswer<'a> {
     pub finish_reason: Option<&'a str>,
 }
 
-/// A backend's credential header: its name and its value.
-pub type Credential = (HeaderName, HeaderValue);
+/// One header: its name and its value.
+pub type Header = (HeaderName, HeaderValue);
 
 /// The header that carries an Anthropic backend's API version.
 pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
 
-/// The backend's credential as a header, prepared once per snapshot (the name too, so a request
-/// does not parse it) and marked sensitive so it is never printed.
-pub fn credential(backend: &Backend) -> Option<Credential> {
+/// The headers every request to `backend` carries, made once per snapshot so a request parses
+/// none of them: its credential (marked sensitive, so it is never printed) and, on Anthropic, its
+/// API version.
+pub fn stamp(backend: &Backend) -> Vec<Header> {
+    let version = (backend.provider == Provider::Anthropic)
+        .then(|| HeaderValue::from_str(&backend.anthropic_version).ok())
+        .flatten()
+        .map(|version| (ANTHROPIC_VERSION, version));
+    credential(backend).into_iter().chain(version).collect()
+}
+
+/// The backend's credential as a header.
+fn credential(backend: &Backend) -> Option<Header> {
     const API_KEY: HeaderName = HeaderName::from_static("api-key");
     const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
     let key = backend.api_key.as_ref()?;
@@ -155,10 +165,11 @@ pub fn uri(backend: &Backend, deployment: &str, operation: Operation) -> Result<
 }
 
 /// The request `backend` gets for `request`, sent to `deployment` (its model name on OpenAI and
-/// Anthropic backends); `known` is its [`uri`] when the caller has it made already.
+/// Anthropic backends), with the backend's [`stamp`]; `known` is its [`uri`] when the caller has
+/// it made already.
 pub fn build(
     backend: &Backend,
-    credential: Option<&Credential>,
+    stamp: &[Header],
     deployment: &str,
     operation: Operation,
     request: &ClientRequest,
@@ -184,12 +195,7 @@ pub fn build(
             HeaderValue::from_static("text/event-stream"),
         );
     }
-    if backend.provider == Provider::Anthropic {
-        let version =
-            HeaderValue::from_str(&backend.anthropic_version).map_err(|_| Unsendable::BadUrl)?;
-        headers.insert(ANTHROPIC_VERSION, version);
-    }
-    if let Some((name, value)) = credential {
+    for (name, value) in stamp {
         headers.insert(name.clone(), value.clone());
     }
     Ok(WireRequest { uri, headers, body })
@@ -361,5 +367,54 @@ models:
         assert_eq!(uris.get(0, "gpt-4o-mini", Operation::ChatCompletions), None);
         assert_eq!(uris.get(1, "gpt-4o", Operation::ChatCompletions), None);
         assert_eq!(uris.get(9, "gpt-4o", Operation::ChatCompletions), None);
+    }
+
+    #[test]
+    fn each_provider_stamps_its_own_credential_and_anthropic_its_version() {
+        let snapshot = snapshot();
+        let stamps: Vec<Vec<(String, String)>> = snapshot
+            .backends
+            .iter()
+            .map(|backend| {
+                let stamp = stamp(backend);
+                assert!(stamp.first().is_some_and(|(_, key)| key.is_sensitive()));
+                stamp
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                    .collect()
+            })
+            .collect();
+        let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+        assert_eq!(stamps[0], [pair("api-key", "k")]);
+        assert_eq!(stamps[1], [pair("authorization", "Bearer k")]);
+        assert_eq!(
+            stamps[2],
+            [
+                pair("x-api-key", "k"),
+                pair("anthropic-version", "2023-06-01")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_built_request_carries_the_stamp_once() {
+        let snapshot = snapshot();
+        let claude = &snapshot.backends[2];
+        let body =
+            Bytes::from_static(br#"{"model":"chat","messages":[{"role":"user","content":"hi"}]}"#);
+        let request = ClientRequest::parse(body, Operation::ChatCompletions).unwrap();
+        let stamp = stamp(claude);
+        let wire = build(
+            claude,
+            &stamp,
+            "claude-sonnet",
+            Operation::ChatCompletions,
+            &request,
+            None,
+        )
+        .unwrap();
+        assert_eq!(wire.headers.get_all("x-api-key").iter().count(), 1);
+        assert_eq!(wire.headers["anthropic-version"], "2023-06-01");
+        assert_eq!(wire.headers["content-type"], "application/json");
     }
 }

@@ -21,7 +21,7 @@ use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::WebSocketStream;
 
 use super::ask::{Ask, Protocol};
-use crate::provider::Credential;
+use crate::provider::Header;
 use crate::router::Candidate;
 use crate::runtime::Runtime;
 use crate::telemetry::Traceparent;
@@ -65,11 +65,11 @@ pub async fn connect(
         .as_str()
         .into_client_request()
         .map_err(|e| Failure::ConnectError(format!("bad realtime URL: {e}")))?;
-    let credential = runtime
-        .credentials
+    let stamp = runtime
+        .stamps
         .get(candidate.backend)
-        .and_then(Option::as_ref);
-    headers(request.headers_mut(), credential, ask);
+        .map_or(&[][..], Vec::as_slice);
+    headers(request.headers_mut(), stamp, ask);
     if let Some(traceparent) = traceparent {
         traceparent.stamp(request.headers_mut());
     }
@@ -139,8 +139,8 @@ pub fn url(backend: &Backend, deployment: &str, protocol: &Protocol) -> Option<S
 
 /// The handshake headers: the backend's credential (never the client's), the subprotocols the
 /// client offered minus any that carry a key, and the beta header of a beta-protocol client.
-fn headers(headers: &mut HeaderMap, credential: Option<&Credential>, ask: &Ask) {
-    if let Some((name, value)) = credential {
+fn headers(headers: &mut HeaderMap, stamp: &[Header], ask: &Ask) {
+    for (name, value) in stamp {
         headers.insert(name.clone(), value.clone());
     }
     if let Some(offered) = ask.forwarded_subprotocols() {
