@@ -3,7 +3,7 @@
 //! its tasks, its timers and the pooled upstream connection it borrows (each lane has its own
 //! pool, see [`current`]) all belong to one lane, so a request costs no cross-thread wake-ups,
 //! as in nginx's worker processes. The accept loop hands each new connection to the lane with
-//! the fewest open ones.
+//! the fewest open ones. A lane may poll a while before it sleeps ([`idle_poll`]).
 
 use std::cell::Cell;
 use std::future::Future;
@@ -13,6 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+
+use crate::idle_poll;
 
 /// A connection's future, built on its lane from the socket registered there.
 pub type Serve = Arc<dyn Fn(TcpStream) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
@@ -103,6 +105,7 @@ impl Lanes {
 fn start_lane(index: usize) -> Option<Lane> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_unpark(idle_poll::woke)
         .build()
         .map_err(|error| tracing::error!(%error, "a lane's runtime cannot start"))
         .ok()?;
@@ -116,6 +119,9 @@ fn start_lane(index: usize) -> Option<Lane> {
             runtime.block_on(async move {
                 if let Some(&hook) = HOUSEKEEPING.get() {
                     tokio::spawn(housekeeping(hook));
+                }
+                if let Some(window) = idle_poll::window() {
+                    tokio::spawn(idle_poll::keep_polling(window));
                 }
                 while let Some(job) = inbox.recv().await {
                     run(job, &counted);

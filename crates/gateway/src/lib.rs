@@ -18,6 +18,7 @@ mod fleet;
 mod framing;
 mod headroom;
 mod health;
+mod idle_poll;
 mod lanes;
 mod messages;
 mod metrics;
@@ -55,6 +56,9 @@ use tokio::task::JoinHandle;
 use crate::reload::Live;
 use crate::runtime::Runtime;
 
+pub use crate::idle_poll::{
+    configure_from_env as configure_idle_poll, WINDOW_VAR as IDLE_POLL_VAR,
+};
 pub use crate::lanes::set_housekeeping as set_lane_housekeeping;
 pub use crate::reload::{ReloadError, Summary};
 pub use crate::server::SHUTDOWN_GRACE;

@@ -277,6 +277,7 @@ Ctrl-C stops it all.
 }
 
 pub async fn run(port: u16) -> Result<(), Failure> {
+    onedoor_gateway::configure_idle_poll().map_err(Failure::BadInput)?;
     let fleet = Fleet::start(fleet_specs())
         .await
         .map_err(|e| Failure::Runtime(format!("cannot start the simulated fleet: {e}")))?;

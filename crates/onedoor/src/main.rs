@@ -159,6 +159,7 @@ fn validate(config: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(config: PathBuf) -> Result<(), Failure> {
+    onedoor_gateway::configure_idle_poll().map_err(Failure::BadInput)?;
     let running = onedoor_gateway::start_from_file(&config)
         .await
         .map_err(|error| match error {

@@ -23,6 +23,7 @@ use tokio::sync::{oneshot, watch};
 
 use crate::body::{Body, RequestBody};
 use crate::framing::{self, Chunked, Step};
+use crate::idle_poll;
 
 /// Request heads (request line and headers) larger than this get 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -77,12 +78,15 @@ pub async fn serve<H, F>(
             return connection.refuse(StatusCode::BAD_REQUEST).await;
         };
         let (request, exchange, upgrade) = head.into_request(body);
+        idle_poll::worked();
         connection.watching = true;
         let Some(response) = connection.answer(handler(request)).await else {
             return;
         };
         let stopping = *shutdown.borrow();
-        match connection.respond(response, &exchange, stopping).await {
+        let after = connection.respond(response, &exchange, stopping).await;
+        idle_poll::worked();
+        match after {
             Ok(After::KeepAlive) => {}
             Ok(After::Close) => return connection.close(exchange.body_read).await,
             Ok(After::Upgrade) => return connection.upgrade(upgrade),

@@ -23,6 +23,11 @@ impl Gateway {
     /// Starts `onedoor serve --config <config>` from the config's folder, logging to
     /// `gateway-<run>.log` there, and waits until `/healthz` answers 200.
     pub async fn start(config: &Path, run: &str) -> Gateway {
+        Gateway::start_with(config, run, &[]).await
+    }
+
+    /// [`Gateway::start`] with `env` added to the process's environment.
+    pub async fn start_with(config: &Path, run: &str, env: &[(&str, &str)]) -> Gateway {
         let text = std::fs::read_to_string(config).unwrap();
         let addr: SocketAddr = text
             .lines()
@@ -36,6 +41,7 @@ impl Gateway {
         let child = Command::new(env!("CARGO_BIN_EXE_onedoor"))
             .args(["serve", "--config"])
             .arg(config)
+            .envs(env.iter().copied())
             .current_dir(dir)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -88,6 +94,19 @@ impl Gateway {
     pub async fn terminate(mut self) -> ExitStatus {
         self.signal("TERM");
         self.exit(Duration::from_secs(20)).await
+    }
+
+    /// The CPU time the process has used, user and system, in clock ticks.
+    pub fn cpu_ticks(&self) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .collect();
+        // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command name.
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
     }
 
     /// Where the process's stderr goes; readable after it exits.
