@@ -1,9 +1,9 @@
 //! Idle polling: a lane that has just taken a request or finished an answer keeps polling its
-//! sockets for a short window before it sleeps. On a virtual machine whose idle CPUs halt, a sleeping lane is woken through
-//! the host for every packet, tens of microseconds a hop; an answer or a request that arrives
-//! while the lane still polls is taken at once. The price is CPU: up to one window after each
-//! burst of work, yielded to any other thread that wants the CPU. Off unless `ONEDOOR_IDLE_POLL`
-//! sets the window.
+//! sockets for a short window before it sleeps. On a virtual machine whose idle CPUs halt, a
+//! sleeping lane is woken through the host for every packet, tens of microseconds a hop; an
+//! answer or a request that arrives while the lane still polls is taken at once. The price is
+//! CPU: up to one window after each burst of work, yielded to any other thread that wants the
+//! CPU. Off unless `ONEDOOR_IDLE_POLL` sets the window.
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
@@ -24,7 +24,8 @@ thread_local! {
     static SLEEPING: RefCell<Option<Waker>> = const { RefCell::new(None) };
     /// Requests taken and answers finished on this thread.
     static WORK: Cell<u64> = const { Cell::new(0) };
-    /// Passes the poller of this thread has made (what the tests watch).
+    /// Passes the poller of this thread has made, for the tests.
+    #[cfg(test)]
     static PASSES: Cell<u64> = const { Cell::new(0) };
 }
 
@@ -82,6 +83,7 @@ pub async fn keep_polling(window: Duration) {
     let mut watch = Watch::new(window, Instant::now());
     loop {
         tokio::task::yield_now().await;
+        #[cfg(test)]
         PASSES.with(|passes| passes.set(passes.get() + 1));
         if watch.polls_on(WORK.with(Cell::get), Instant::now()) {
             std::thread::yield_now();
