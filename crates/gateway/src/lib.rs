@@ -56,9 +56,7 @@ use tokio::task::JoinHandle;
 use crate::reload::Live;
 use crate::runtime::Runtime;
 
-pub use crate::idle_poll::{
-    configure_from_env as configure_idle_poll, WINDOW_VAR as IDLE_POLL_VAR,
-};
+pub use crate::idle_poll::configure_from_env as configure_idle_poll;
 pub use crate::lanes::set_housekeeping as set_lane_housekeeping;
 pub use crate::reload::{ReloadError, Summary};
 pub use crate::server::SHUTDOWN_GRACE;
