@@ -136,41 +136,62 @@ impl SqliteStore {
 /// Records a multi-row insert takes at once.
 const ROWS_PER_INSERT: usize = 32;
 
-/// Inserts `records` with `statement`, the insert of as many rows.
+/// Inserts `records` with `statement`, the insert of as many rows. Each value is bound by its
+/// own type, in [`schema::COLUMNS`] order, with no list of trait objects built first.
 fn insert_rows(
     statement: &mut rusqlite::CachedStatement<'_>,
     records: &[UsageRecord],
 ) -> Result<usize, UsageError> {
-    let rows: Vec<Row> = records.iter().map(Row::of).collect();
-    let mut values: Vec<&dyn rusqlite::ToSql> =
-        Vec::with_capacity(rows.len() * schema::COLUMNS.len());
-    for r in &rows {
-        values.extend_from_slice(&[
-            &r.request_id,
-            &r.at_ms,
-            &r.day,
-            &r.tenant,
-            &r.key_id,
-            &r.alias,
-            &r.backend,
-            &r.model,
-            &r.region,
-            &r.status,
-            &r.input_tokens,
-            &r.output_tokens,
-            &r.cached_tokens,
-            &r.source,
-            &r.estimated_tokens,
-            &r.cost_usd,
-            &r.duration_ms,
-            &r.ttft_ms,
-            &r.attempts,
-            &r.attempt_trail,
-            &r.stream,
-            &r.stream_cut,
-        ]);
+    let mut binder = Binder {
+        statement: &mut *statement,
+        bound: 0,
+    };
+    for record in records {
+        let r = Row::of(record);
+        binder
+            .bind(r.request_id)?
+            .bind(r.at_ms)?
+            .bind(&r.day)?
+            .bind(r.tenant)?
+            .bind(r.key_id)?
+            .bind(r.alias)?
+            .bind(r.backend)?
+            .bind(r.model)?
+            .bind(r.region)?
+            .bind(r.status)?
+            .bind(r.input_tokens)?
+            .bind(r.output_tokens)?
+            .bind(r.cached_tokens)?
+            .bind(r.source)?
+            .bind(r.estimated_tokens)?
+            .bind(r.cost_usd)?
+            .bind(r.duration_ms)?
+            .bind(r.ttft_ms)?
+            .bind(r.attempts)?
+            .bind(r.attempt_trail)?
+            .bind(r.stream)?
+            .bind(r.stream_cut)?;
     }
-    Ok(statement.execute(rusqlite::params_from_iter(values))?)
+    let bound = binder.bound;
+    if bound != statement.parameter_count() {
+        let expected = statement.parameter_count();
+        return Err(rusqlite::Error::InvalidParameterCount(bound, expected).into());
+    }
+    Ok(statement.raw_execute()?)
+}
+
+/// Binds values to a statement's parameters one after another, from the first.
+struct Binder<'s, 'c> {
+    statement: &'s mut rusqlite::CachedStatement<'c>,
+    bound: usize,
+}
+
+impl Binder<'_, '_> {
+    fn bind<T: rusqlite::ToSql>(&mut self, value: T) -> rusqlite::Result<&mut Self> {
+        self.bound += 1;
+        self.statement.raw_bind_parameter(self.bound, value)?;
+        Ok(self)
+    }
 }
 
 #[cfg(test)]
@@ -215,6 +236,51 @@ mod tests {
         assert_eq!(store.insert(&records).unwrap(), records.len() - 40);
         let rows = store.report(&ReportQuery::default()).unwrap();
         assert_eq!(rows[0].requests, records.len() as u64);
+    }
+
+    #[test]
+    fn every_field_lands_in_its_column() {
+        let mut store = SqliteStore::open(&temp_db("columns")).unwrap();
+        let mut record = crate::testing_record("cols");
+        record.backend = None;
+        let many: Vec<UsageRecord> = (0..ROWS_PER_INSERT)
+            .map(|i| crate::testing_record(&format!("many-{i:02}")))
+            .collect();
+        assert_eq!(store.insert(std::slice::from_ref(&record)).unwrap(), 1);
+        assert_eq!(store.insert(&many).unwrap(), ROWS_PER_INSERT);
+        let sql = format!(
+            "SELECT {} FROM usage_records WHERE request_id IN ('cols', 'many-31') ORDER BY request_id",
+            schema::COLUMNS.join(", ")
+        );
+        let mut statement = store.connection.prepare(&sql).unwrap();
+        let rows: Vec<String> = statement
+            .query_map([], |row| {
+                let text = |i: usize| -> rusqlite::Result<String> {
+                    Ok(match row.get_ref(i)? {
+                        rusqlite::types::ValueRef::Null => "null".to_owned(),
+                        rusqlite::types::ValueRef::Integer(n) => n.to_string(),
+                        rusqlite::types::ValueRef::Real(x) => x.to_string(),
+                        rusqlite::types::ValueRef::Text(t) => String::from_utf8_lossy(t).into(),
+                        rusqlite::types::ValueRef::Blob(_) => "blob".to_owned(),
+                    })
+                };
+                (0..schema::COLUMNS.len())
+                    .map(text)
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .unwrap()
+            .map(|row| row.unwrap().join("|"))
+            .collect();
+        let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
+        let rest =
+            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0";
+        assert_eq!(
+            rows,
+            [
+                format!("cols|{fields}|null|{rest}"),
+                format!("many-31|{fields}|sub1-fr|{rest}"),
+            ]
+        );
     }
 
     #[test]
