@@ -2,7 +2,7 @@
 //! price ([`cost_usd`]), handed to a [`Recorder`] that writes batches to SQLite or Postgres on a
 //! thread of its own and spills to a local journal while the store is away; and the chargeback
 //! queries of `onedoor usage report` ([`report`]). Nothing here runs on the request path except
-//! [`Recorder::record`], a channel send.
+//! [`Recorder::record`], a push into the recording thread's buffer.
 
 mod journal;
 mod postgres;

@@ -1,7 +1,8 @@
-//! The hand-off from the request path to the store. [`Recorder::record`] is a `try_send` into a
-//! bounded channel, nothing more; a writer on its own thread drains the channel in batches into
-//! the store. When the store is down or slow (or the channel is full) records go to the
-//! [`Journal`] instead, and the writer replays the journal into the store once it answers again.
+//! The hand-off from the request path to the store. [`Recorder::record`] puts the record in the
+//! recording thread's own slot, nothing more; a writer on its own thread takes every slot's
+//! records in batches into the store. When the store is down or slow (or a slot is full) records
+//! go to the [`Journal`] instead, and the writer replays the journal into the store once it
+//! answers again.
 //! [`Recorder::close`] (shutdown) writes out what is buffered before it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,8 +18,12 @@ use crate::record::UsageRecord;
 use crate::sqlite::SqliteStore;
 use crate::store::{Destination, StoreUrl, UsageError};
 
-/// Records the channel holds before `record` spills to the journal itself.
-const CHANNEL: usize = 32_768;
+/// Records waiting for the writer, at most, before `record` spills to the journal itself.
+const BUFFERED: usize = 32_768;
+/// Slots records wait in; each recording thread uses one (threads beyond share them).
+const SLOTS: usize = 8;
+/// Messages to the writer waiting at once: a few wake-ups, flushes and a close.
+const CHANNEL: usize = 64;
 /// Records written in one transaction, at most.
 const BATCH: usize = 512;
 /// How long the writer waits for more records before it writes a batch that is not full.
@@ -41,12 +46,14 @@ pub struct Recorder {
 struct Inner {
     destination: Destination,
     sender: mpsc::Sender<Message>,
+    slots: Arc<Slots>,
     journal: Arc<Journal>,
     counters: Arc<Counters>,
 }
 
 enum Message {
-    Record(Box<UsageRecord>),
+    /// A slot received its first record since the writer last took them.
+    Ready,
     /// Write out everything sent before; answers whether the journal is empty (all in the store).
     Flush(oneshot::Sender<bool>),
     /// [`Message::Flush`], then stop the writer.
@@ -64,7 +71,7 @@ struct Counters {
 /// What a recorder has done so far (for metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RecorderStats {
-    /// Records the store accepted straight from the channel.
+    /// Records the store accepted straight from the recording threads.
     pub written: u64,
     /// Records that went to the journal (store down or slow, channel full, or shutting down).
     pub spilled: u64,
@@ -72,7 +79,7 @@ pub struct RecorderStats {
     pub replayed: u64,
     /// Records neither the store nor the journal could take (the journal's disk failed).
     pub lost: u64,
-    /// Records waiting in the channel.
+    /// Records waiting for the writer.
     pub buffered: usize,
 }
 
@@ -95,7 +102,9 @@ impl Recorder {
         let journal = Arc::new(Journal::new(journal.clone()));
         let (sender, inbox) = mpsc::channel(CHANNEL);
         let counters = Arc::new(Counters::default());
+        let slots = Arc::new(Slots::default());
         let writer = Writer {
+            slots: slots.clone(),
             store,
             journal: journal.clone(),
             counters: counters.clone(),
@@ -115,6 +124,7 @@ impl Recorder {
             inner: Some(Arc::new(Inner {
                 destination,
                 sender,
+                slots,
                 journal,
                 counters,
             })),
@@ -130,17 +140,24 @@ impl Recorder {
         }
     }
 
-    /// Hands `record` to the writer without waiting; when the channel is full or the writer has
-    /// stopped, the record goes to the journal at once.
+    /// Hands `record` to the writer without waiting: into this thread's slot, which only the
+    /// writer touches besides, once a turn. When the slot is full or the writer has stopped, the
+    /// record goes to the journal at once.
     pub fn record(&self, record: UsageRecord) {
         let Some(inner) = &self.inner else {
             return;
         };
-        let record = match inner.sender.try_send(Message::Record(Box::new(record))) {
-            Ok(()) => return,
-            Err(mpsc::error::TrySendError::Full(Message::Record(record)))
-            | Err(mpsc::error::TrySendError::Closed(Message::Record(record))) => record,
-            Err(_) => return,
+        let record = match inner.slots.put(record) {
+            Put::First => match inner.sender.try_send(Message::Ready) {
+                // Full: wake-ups are already waiting.
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => return,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    let left = inner.slots.close();
+                    return spill(&inner.journal, &inner.counters, &left);
+                }
+            },
+            Put::Added => return,
+            Put::Refused(record) => record,
         };
         spill(&inner.journal, &inner.counters, &[*record]);
     }
@@ -192,7 +209,7 @@ impl Recorder {
             spilled: c.spilled.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),
             lost: c.lost.load(Ordering::Relaxed),
-            buffered: CHANNEL - inner.sender.capacity(),
+            buffered: inner.slots.len(),
         }
     }
 }
@@ -201,6 +218,81 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Where records wait for the writer: one slot a recording thread (the gateway's lanes), each on
+/// its own cache lines, so that lanes recording at once share no counter and wake the writer once
+/// a turn, not once a record.
+#[derive(Default)]
+struct Slots {
+    slots: [Slot; SLOTS],
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Slot(Mutex<Waiting>);
+
+#[derive(Default)]
+struct Waiting {
+    records: Vec<UsageRecord>,
+    /// The writer stopped: records go to the journal.
+    closed: bool,
+}
+
+/// What [`Slots::put`] did with a record.
+enum Put {
+    /// Took it into a slot that was empty: the writer should be told.
+    First,
+    Added,
+    /// The slot is full or closed.
+    Refused(Box<UsageRecord>),
+}
+
+impl Slots {
+    fn mine(&self) -> &Slot {
+        use std::sync::atomic::AtomicUsize;
+        static THREADS: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static INDEX: usize = THREADS.fetch_add(1, Ordering::Relaxed);
+        }
+        let index = INDEX.try_with(|i| *i).unwrap_or(0);
+        &self.slots[index % SLOTS]
+    }
+
+    fn put(&self, record: UsageRecord) -> Put {
+        let mut waiting = lock(&self.mine().0);
+        if waiting.closed || waiting.records.len() >= BUFFERED / SLOTS {
+            return Put::Refused(Box::new(record));
+        }
+        waiting.records.push(record);
+        match waiting.records.len() {
+            1 => Put::First,
+            _ => Put::Added,
+        }
+    }
+
+    /// Moves every waiting record to the end of `batch`.
+    fn take(&self, batch: &mut Vec<UsageRecord>) {
+        batch.reserve(self.len());
+        for slot in &self.slots {
+            batch.append(&mut lock(&slot.0).records);
+        }
+    }
+
+    /// Refuses records from now on; returns those still waiting.
+    fn close(&self) -> Vec<UsageRecord> {
+        let mut left = Vec::new();
+        for slot in &self.slots {
+            let mut waiting = lock(&slot.0);
+            waiting.closed = true;
+            left.append(&mut waiting.records);
+        }
+        left
+    }
+
+    fn len(&self) -> usize {
+        self.slots.iter().map(|s| lock(&s.0).records.len()).sum()
+    }
 }
 
 fn spill(journal: &Journal, counters: &Counters, records: &[UsageRecord]) {
@@ -281,46 +373,49 @@ struct Gathered {
     closing: bool,
 }
 
-/// `first` and what follows it: records until a batch is full or [`LINGER`] has passed, or up to
-/// a flush; on close (or when every sender is gone) everything left in the channel.
-async fn gather(inbox: &mut mpsc::Receiver<Message>, first: Option<Message>) -> Gathered {
+/// `first` and what follows it: after a wake-up, [`LINGER`] for company, then every record
+/// waiting and every message; on a flush, at once; on close (or when every sender is gone)
+/// everything left, the slots closed behind it.
+async fn gather(
+    inbox: &mut mpsc::Receiver<Message>,
+    slots: &Slots,
+    first: Option<Message>,
+) -> Gathered {
     let mut gathered = Gathered {
         batch: Vec::new(),
         answers: Vec::new(),
         closing: first.is_none(),
     };
-    let linger_until = Instant::now() + LINGER;
-    let mut next = first;
-    let mut lingered = false;
-    while let Some(message) = next.take() {
+    if let Some(message) = first {
         gathered.take(message);
-        if gathered.batch.len() < BATCH && gathered.answers.is_empty() && !gathered.closing {
-            next = match inbox.try_recv() {
-                Ok(message) => Some(message),
-                // Wait a little for company, once: a transaction per record costs more than the
-                // record. Asleep rather than in `recv`, so records sent meanwhile wake nobody.
-                Err(_) if !lingered => {
-                    lingered = true;
-                    tokio::time::sleep_until(linger_until).await;
-                    inbox.try_recv().ok()
-                }
-                Err(_) => None,
-            };
-        }
+    }
+    gathered.take_waiting(inbox);
+    if gathered.answers.is_empty() && !gathered.closing {
+        // A transaction per record costs more than the record. Asleep rather than in `recv`,
+        // so records recorded meanwhile wake nobody.
+        tokio::time::sleep(LINGER).await;
+        gathered.take_waiting(inbox);
     }
     if gathered.closing {
         inbox.close();
-        while let Ok(message) = inbox.try_recv() {
-            gathered.take(message);
-        }
+        gathered.take_waiting(inbox);
+        gathered.batch = slots.close();
+    } else {
+        slots.take(&mut gathered.batch);
     }
     gathered
 }
 
 impl Gathered {
+    fn take_waiting(&mut self, inbox: &mut mpsc::Receiver<Message>) {
+        while let Ok(message) = inbox.try_recv() {
+            self.take(message);
+        }
+    }
+
     fn take(&mut self, message: Message) {
         match message {
-            Message::Record(record) => self.batch.push(*record),
+            Message::Ready => {}
             Message::Flush(answer) => self.answers.push(answer),
             Message::Close(answer) => {
                 self.answers.push(answer);
@@ -332,6 +427,7 @@ impl Gathered {
 
 /// The writer thread's loop.
 struct Writer {
+    slots: Arc<Slots>,
     store: Store,
     journal: Arc<Journal>,
     counters: Arc<Counters>,
@@ -357,7 +453,7 @@ impl Writer {
                 batch,
                 answers,
                 closing,
-            } = gather(&mut inbox, message).await;
+            } = gather(&mut inbox, &self.slots, message).await;
             let asked = !answers.is_empty();
             if asked {
                 // Someone waits: try the store now rather than at the next retry.

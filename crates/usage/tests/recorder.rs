@@ -97,7 +97,7 @@ async fn records_reach_sqlite_in_batches() {
 }
 
 #[tokio::test]
-async fn a_full_channel_spills_to_the_journal_and_nothing_is_lost() {
+async fn a_full_buffer_spills_to_the_journal_and_nothing_is_lost() {
     let dir = temp_dir("full");
     let destination = sqlite(&dir, None);
     let recorder = Recorder::start(destination.clone()).unwrap();
@@ -112,6 +112,35 @@ async fn a_full_channel_spills_to_the_journal_and_nothing_is_lost() {
     let stats = recorder.stats();
     assert_eq!(stats.written + stats.replayed, 30_000, "{stats:?}");
     assert_eq!(stats.lost, 0);
+}
+
+#[tokio::test]
+async fn records_from_many_threads_at_once_all_reach_the_store() {
+    let dir = temp_dir("threads");
+    let destination = sqlite(&dir, None);
+    let recorder = Recorder::start(destination.clone()).unwrap();
+    // More threads than the recorder has slots, so some share one.
+    let threads: Vec<_> = (0..12u64)
+        .map(|t| {
+            let recorder = recorder.clone();
+            std::thread::spawn(move || {
+                for n in t * 500..(t + 1) * 500 {
+                    recorder.record(record("threads", n));
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(recorder.flush().await, "the journal is not empty");
+    assert_eq!(
+        totals(&destination.store).await,
+        (6_000, output_sum(0..6_000))
+    );
+    assert_eq!(recorder.stats().buffered, 0);
+    assert!(recorder.close().await);
+    assert_eq!(recorder.stats().written, 6_000);
 }
 
 #[tokio::test]
