@@ -172,9 +172,8 @@ fn insert_rows(
             .bind(r.stream)?
             .bind(r.stream_cut)?;
     }
-    let bound = binder.bound;
-    if bound != statement.parameter_count() {
-        let expected = statement.parameter_count();
+    let (bound, expected) = (binder.bound, statement.parameter_count());
+    if bound != expected {
         return Err(rusqlite::Error::InvalidParameterCount(bound, expected).into());
     }
     Ok(statement.raw_execute()?)
