@@ -171,3 +171,53 @@ impl PostgresStore {
         Ok(report)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing;
+
+    /// Every column of the stored rows as text, `null` for NULL, in [`schema::COLUMNS`] order.
+    async fn stored(store: &PostgresStore, ids: &[&str]) -> Vec<String> {
+        let columns: Vec<String> = schema::COLUMNS
+            .iter()
+            .map(|c| format!("COALESCE({c}::TEXT, 'null')"))
+            .collect();
+        let sql = format!(
+            "SELECT {} FROM usage_records WHERE request_id = ANY($1) ORDER BY request_id",
+            columns.join(" || '|' || ")
+        );
+        let rows = store.client.query(&sql, &[&ids]).await.unwrap();
+        rows.iter().map(|row| row.get(0)).collect()
+    }
+
+    #[tokio::test]
+    async fn every_field_lands_in_its_column() {
+        let url = testing::fresh_database(testing::MACHINE_POSTGRES, "columns")
+            .await
+            .unwrap_or_else(|message| panic!("{message}"));
+        let store = PostgresStore::connect(&url).await.unwrap();
+        let mut record = crate::testing_record("cols");
+        record.backend = None;
+        let many: Vec<UsageRecord> = (0..32)
+            .map(|i| crate::testing_record(&format!("many-{i:02}")))
+            .collect();
+        assert_eq!(
+            store.insert(std::slice::from_ref(&record)).await.unwrap(),
+            1
+        );
+        assert_eq!(store.insert(&many).await.unwrap(), 32);
+        let rows = stored(&store, &["cols", "many-31"]).await;
+        drop(store);
+        testing::drop_database(testing::MACHINE_POSTGRES, &url).await;
+        let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
+        let rest = "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|true|false";
+        assert_eq!(
+            rows,
+            [
+                format!("cols|{fields}|null|{rest}"),
+                format!("many-31|{fields}|sub1-fr|{rest}"),
+            ]
+        );
+    }
+}
