@@ -17,6 +17,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 
@@ -179,23 +180,52 @@ async fn connection<H, F>(
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let mut head = [0u8; H2_PREFACE.len()];
-    let seen = tokio::select! {
-        biased;
-        _ = shutdown.wait_for(|stop| *stop) => return,
-        seen = stream.peek(&mut head) => match seen {
-            Ok(0) | Err(_) => return,
-            Ok(seen) => seen,
-        },
-    };
-    if !H2_PREFACE.starts_with(&head[..seen]) {
-        // Boxed per request: the connection's own state stays a few hundred bytes while it
-        // waits between requests.
-        let boxed = |request| Box::pin(handler(request));
-        return http1::serve(stream, &boxed, &limit, &mut shutdown).await;
+    match speaks_h2(&stream, &mut shutdown).await {
+        None => {}
+        Some(false) => {
+            // Boxed per request: the connection's own state stays a few hundred bytes while it
+            // waits between requests.
+            let boxed = |request| Box::pin(handler(request));
+            http1::serve(stream, &boxed, &limit, &mut shutdown).await;
+        }
+        // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.
+        Some(true) => Box::pin(h2(stream, handler, &mut shutdown)).await,
     }
-    // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.
-    Box::pin(h2(stream, handler, &mut shutdown)).await;
+}
+
+/// How long a client whose first bytes could begin either protocol (a `P` alone: `POST` or
+/// the h2 preface's `PRI`) may take to send enough to tell them apart.
+const PREFACE_WAIT: Duration = Duration::from_secs(10);
+
+/// Whether the client's first bytes are the h2 preface; `None` when it closed, shutdown began,
+/// or it sent too little to tell within [`PREFACE_WAIT`]. Read with `peek`, so the bytes stay
+/// for whichever protocol serves them.
+async fn speaks_h2(stream: &TcpStream, shutdown: &mut watch::Receiver<bool>) -> Option<bool> {
+    let give_up = tokio::time::Instant::now() + PREFACE_WAIT;
+    let mut head = [0u8; H2_PREFACE.len()];
+    loop {
+        let seen = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stop| *stop) => return None,
+            seen = stream.peek(&mut head) => match seen {
+                Ok(0) | Err(_) => return None,
+                Ok(seen) => seen,
+            },
+        };
+        if !H2_PREFACE.starts_with(&head[..seen]) {
+            return Some(false);
+        }
+        if seen == H2_PREFACE.len() {
+            return Some(true);
+        }
+        // A client that has ended its sending will never tell.
+        let ready = stream.ready(Interest::READABLE).await.ok()?;
+        if ready.is_read_closed() || tokio::time::Instant::now() >= give_up {
+            return None;
+        }
+        // A peek answers at once while the bytes it saw wait: look again a little later.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Serves an h2 connection with hyper.
