@@ -1442,31 +1442,6 @@ mod tests {
         request
     }
 
-    /// `bytes` damaged: cut short, bytes overwritten, random bytes or a bad size put in.
-    fn damage(rng: &mut impl rand::Rng, bytes: &mut Vec<u8>) {
-        for _ in 0..rng.random_range(1..=3) {
-            let at = rng.random_range(0..=bytes.len());
-            match rng.random_range(0..4) {
-                0 => bytes.truncate(at),
-                1 if at < bytes.len() => bytes[at] = rng.random(),
-                2 => {
-                    let noise: Vec<u8> =
-                        (0..rng.random_range(1..40)).map(|_| rng.random()).collect();
-                    bytes.splice(at..at, noise);
-                }
-                _ => {
-                    let bad: &[u8] = [
-                        &b"ffffffffffffffffffff\r\n"[..],
-                        b"-1\r\n",
-                        b"\r\n\r\n",
-                        b"content-length: 9\r\n",
-                    ][rng.random_range(0..4)];
-                    bytes.splice(at..at, bad.iter().copied());
-                }
-            }
-        }
-    }
-
     /// What [`echo`] answers to a request [`request`] made of `body`.
     fn echoed(body: &[u8]) -> String {
         match body.is_empty() {
@@ -1500,7 +1475,7 @@ mod tests {
                 .collect();
             let intact = rng.random_bool(0.4);
             if !intact {
-                damage(&mut rng, &mut sent);
+                framing::damage(&mut rng, &mut sent);
             }
             let mut client = connect(address).await;
             let talk = async {

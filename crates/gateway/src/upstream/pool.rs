@@ -683,6 +683,25 @@ mod tests {
         assert!(matches!(failure, Failure::ConnectError(_)), "{failure:?}");
     }
 
+    /// Reads one request [`post`] sent (its head, then a two-byte body); `false` when the
+    /// connection ended first.
+    async fn read_request(socket: &mut tokio::net::TcpStream) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut request = Vec::new();
+        while request
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .is_none_or(|at| request.len() < at + 6)
+        {
+            let mut chunk = [0u8; 1024];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => request.extend_from_slice(&chunk[..n]),
+            }
+        }
+        true
+    }
+
     /// A raw upstream: on each connection, reads one request after another and answers each with
     /// the next of `answers`, every answer written in the pieces given (a pause between them);
     /// closes the connection after `per_connection` answers.
@@ -690,7 +709,7 @@ mod tests {
         answers: Vec<Vec<&'static [u8]>>,
         per_connection: usize,
     ) -> (Uri, Arc<AtomicUsize>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let answers = Arc::new(answers);
         let next = Arc::new(AtomicUsize::new(0));
         counting(move |io| {
@@ -698,18 +717,8 @@ mod tests {
             let mut socket = io.into_inner();
             tokio::spawn(async move {
                 for _ in 0..per_connection {
-                    let mut request = Vec::new();
-                    // post() sends a two-byte body after the head.
-                    while request
-                        .windows(4)
-                        .position(|w| w == b"\r\n\r\n")
-                        .is_none_or(|at| request.len() < at + 6)
-                    {
-                        let mut chunk = [0u8; 1024];
-                        match socket.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => request.extend_from_slice(&chunk[..n]),
-                        }
+                    if !read_request(&mut socket).await {
+                        return;
                     }
                     let answer = &answers[next.fetch_add(1, Ordering::SeqCst) % answers.len()];
                     for piece in answer {
@@ -825,35 +834,9 @@ mod tests {
         answer
     }
 
-    /// `answer` damaged: cut short, bytes overwritten, random bytes or a bad chunk size put in.
-    fn damaged(rng: &mut impl rand::Rng, mut answer: Vec<u8>) -> Vec<u8> {
-        for _ in 0..rng.random_range(1..=3) {
-            let at = rng.random_range(0..=answer.len());
-            match rng.random_range(0..4) {
-                0 => answer.truncate(at),
-                1 if at < answer.len() => answer[at] = rng.random(),
-                2 => {
-                    let noise: Vec<u8> =
-                        (0..rng.random_range(1..40)).map(|_| rng.random()).collect();
-                    answer.splice(at..at, noise);
-                }
-                _ => {
-                    let size: &[u8] = [
-                        &b"ffffffffffffffffffff\r\n"[..],
-                        b"-1\r\n",
-                        b"zz\r\n",
-                        b"\r\n",
-                    ][rng.random_range(0..4)];
-                    answer.splice(at..at, size.iter().copied());
-                }
-            }
-        }
-        answer
-    }
-
     /// An upstream that answers one request with `answer`, written in a few pieces, and closes.
     async fn answering_once(answer: Vec<u8>, pieces: Vec<usize>) -> Uri {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let uri = format!("http://{}/v1/chat", listener.local_addr().unwrap())
             .parse()
@@ -862,17 +845,8 @@ mod tests {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
-            let mut request = Vec::new();
-            while request
-                .windows(4)
-                .position(|w| w == b"\r\n\r\n")
-                .is_none_or(|at| request.len() < at + 6)
-            {
-                let mut chunk = [0u8; 1024];
-                match socket.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => request.extend_from_slice(&chunk[..n]),
-                }
+            if !read_request(&mut socket).await {
+                return;
             }
             let mut from = 0;
             for to in pieces.into_iter().chain([answer.len()]) {
@@ -897,10 +871,10 @@ mod tests {
                 .collect();
             let valid = framed(&mut rng, &body);
             let intact = rng.random_bool(0.4);
-            let answer = match intact {
-                true => valid,
-                false => damaged(&mut rng, valid),
-            };
+            let mut answer = valid;
+            if !intact {
+                crate::framing::damage(&mut rng, &mut answer);
+            }
             let mut pieces: Vec<usize> = (0..rng.random_range(0..4))
                 .map(|_| rng.random_range(0..=answer.len()))
                 .collect();
