@@ -34,6 +34,13 @@ const MAX_READ: usize = 64 * 1024;
 /// client still sends is read and dropped for this long (or this much), so that closing does not
 /// reset the connection under the answer before the client has read it.
 const LINGER: Duration = Duration::from_millis(500);
+/// How long a request the client has begun may wait for its next bytes (head or body) before
+/// it is answered 408 and the connection closes: a client cannot hold a connection open by
+/// sending a request slowly. Between requests a connection waits for as long as the client does.
+#[cfg(not(test))]
+const BEGUN_REQUEST_WAIT: Duration = Duration::from_secs(60);
+#[cfg(test)]
+const BEGUN_REQUEST_WAIT: Duration = Duration::from_millis(400);
 const LINGER_BYTES: usize = 1024 * 1024;
 
 /// How large the body of a request with these headers may be, asked only of a body that may be
@@ -74,8 +81,12 @@ pub async fn serve<H, F>(
             Framing::Length(length) if length <= SMALL_BODY => SMALL_BODY,
             _ => limit(&head.headers),
         };
-        let Ok(body) = connection.read_body(&head, limit).await else {
-            return connection.refuse(StatusCode::BAD_REQUEST).await;
+        let body = match connection.read_body(&head, limit).await {
+            Ok(body) => body,
+            Err(error) if error.kind() == io::ErrorKind::TimedOut => {
+                return connection.refuse(StatusCode::REQUEST_TIMEOUT).await
+            }
+            Err(_) => return connection.refuse(StatusCode::BAD_REQUEST).await,
         };
         let (request, exchange, upgrade) = head.into_request(body);
         idle_poll::worked();
@@ -206,7 +217,9 @@ impl Connection {
                     () = stopped.as_mut() => return Ok(None),
                     read = self.read() => read,
                 },
-                false => self.read().await,
+                false => tokio::time::timeout(BEGUN_REQUEST_WAIT, self.read())
+                    .await
+                    .map_err(|_| StatusCode::REQUEST_TIMEOUT)?,
             };
             if !matches!(read, Ok(1..)) {
                 return Ok(None);
@@ -263,7 +276,8 @@ impl Connection {
 
     /// Reads more of a message the client has begun; its end before the message's is an error.
     async fn read_more(&mut self) -> io::Result<()> {
-        match self.read().await? {
+        let read = tokio::time::timeout(BEGUN_REQUEST_WAIT, self.read()).await;
+        match read.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?? {
             0 => Err(io::ErrorKind::UnexpectedEof.into()),
             _ => Ok(()),
         }
@@ -1026,6 +1040,28 @@ mod tests {
         let ended = tokio::time::timeout(Duration::from_secs(1), client.read_to_end(&mut rest));
         assert!(ended.await.is_ok(), "the connection was left open");
         assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_request_left_unfinished_gets_408_and_the_connection_closes() {
+        let (address, _stop) = listen(echo).await;
+        let heads_and_bodies: [&[u8]; 2] = [
+            b"POST /echo HTTP/1.1\r\nhost: x\r\n",
+            b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc",
+        ];
+        for begun in heads_and_bodies {
+            let mut client = connect(address).await;
+            client.write_all(begun).await.unwrap();
+            let started = std::time::Instant::now();
+            let answer = read_until(&mut client, "\r\n\r\n").await;
+            assert!(started.elapsed() >= BEGUN_REQUEST_WAIT, "{answer}");
+            assert!(
+                answer.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+                "{answer}"
+            );
+            assert!(answer.contains("connection: close\r\n"), "{answer}");
+            assert!(closes(&mut client).await);
+        }
     }
 
     #[tokio::test]
