@@ -34,6 +34,7 @@ const MAX_READ: usize = 64 * 1024;
 /// client still sends is read and dropped for this long (or this much), so that closing does not
 /// reset the connection under the answer before the client has read it.
 const LINGER: Duration = Duration::from_millis(500);
+const LINGER_BYTES: usize = 1024 * 1024;
 /// How long a request the client has begun may wait for its next bytes (head or body) before
 /// it is answered 408 and the connection closes: a client cannot hold a connection open by
 /// sending a request slowly. Between requests a connection waits for as long as the client does.
@@ -41,7 +42,6 @@ const LINGER: Duration = Duration::from_millis(500);
 const BEGUN_REQUEST_WAIT: Duration = Duration::from_secs(60);
 #[cfg(test)]
 const BEGUN_REQUEST_WAIT: Duration = Duration::from_millis(400);
-const LINGER_BYTES: usize = 1024 * 1024;
 
 /// How large the body of a request with these headers may be, asked only of a body that may be
 /// larger than [`SMALL_BODY`] (a larger length, or chunked): the client port reads such a body
@@ -217,9 +217,12 @@ impl Connection {
                     () = stopped.as_mut() => return Ok(None),
                     read = self.read() => read,
                 },
-                false => tokio::time::timeout(BEGUN_REQUEST_WAIT, self.read())
-                    .await
-                    .map_err(|_| StatusCode::REQUEST_TIMEOUT)?,
+                false => match self.read_begun().await {
+                    Err(error) if error.kind() == io::ErrorKind::TimedOut => {
+                        return Err(StatusCode::REQUEST_TIMEOUT)
+                    }
+                    read => read,
+                },
             };
             if !matches!(read, Ok(1..)) {
                 return Ok(None);
@@ -276,11 +279,18 @@ impl Connection {
 
     /// Reads more of a message the client has begun; its end before the message's is an error.
     async fn read_more(&mut self) -> io::Result<()> {
-        let read = tokio::time::timeout(BEGUN_REQUEST_WAIT, self.read()).await;
-        match read.map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?? {
+        match self.read_begun().await? {
             0 => Err(io::ErrorKind::UnexpectedEof.into()),
             _ => Ok(()),
         }
+    }
+
+    /// [`Connection::read`] for a request the client has begun: `TimedOut` when nothing came
+    /// within [`BEGUN_REQUEST_WAIT`].
+    async fn read_begun(&mut self) -> io::Result<usize> {
+        tokio::time::timeout(BEGUN_REQUEST_WAIT, self.read())
+            .await
+            .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
     }
 
     /// Reads what the socket has onto the buffer; `Ok(0)` is the client's end.

@@ -705,8 +705,8 @@ mod tests {
     /// A raw upstream: on each connection, reads one request after another and answers each with
     /// the next of `answers`, every answer written in the pieces given (a pause between them);
     /// closes the connection after `per_connection` answers.
-    async fn scripted(
-        answers: Vec<Vec<&'static [u8]>>,
+    async fn scripted<P: AsRef<[u8]> + Send + Sync + 'static>(
+        answers: Vec<Vec<P>>,
         per_connection: usize,
     ) -> (Uri, Arc<AtomicUsize>) {
         use tokio::io::AsyncWriteExt;
@@ -722,7 +722,9 @@ mod tests {
                     }
                     let answer = &answers[next.fetch_add(1, Ordering::SeqCst) % answers.len()];
                     for piece in answer {
-                        socket.write_all(piece).await.unwrap();
+                        if socket.write_all(piece.as_ref()).await.is_err() {
+                            return;
+                        }
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
                 }
@@ -834,32 +836,6 @@ mod tests {
         answer
     }
 
-    /// An upstream that answers one request with `answer`, written in a few pieces, and closes.
-    async fn answering_once(answer: Vec<u8>, pieces: Vec<usize>) -> Uri {
-        use tokio::io::AsyncWriteExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let uri = format!("http://{}/v1/chat", listener.local_addr().unwrap())
-            .parse()
-            .unwrap();
-        tokio::spawn(async move {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            if !read_request(&mut socket).await {
-                return;
-            }
-            let mut from = 0;
-            for to in pieces.into_iter().chain([answer.len()]) {
-                if socket.write_all(&answer[from..to]).await.is_err() {
-                    return;
-                }
-                from = to;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-        });
-        uri
-    }
-
     #[tokio::test]
     async fn random_and_damaged_answers_end_in_their_body_or_an_error_in_time() {
         use rand::{Rng, SeedableRng};
@@ -869,17 +845,22 @@ mod tests {
             let body: Vec<u8> = (0..rng.random_range(0..3000))
                 .map(|_| rng.random_range(b' '..=b'~'))
                 .collect();
-            let valid = framed(&mut rng, &body);
+            let mut answer = framed(&mut rng, &body);
             let intact = rng.random_bool(0.4);
-            let mut answer = valid;
             if !intact {
                 crate::framing::damage(&mut rng, &mut answer);
             }
-            let mut pieces: Vec<usize> = (0..rng.random_range(0..4))
+            let mut cuts: Vec<usize> = (0..rng.random_range(0..4))
                 .map(|_| rng.random_range(0..=answer.len()))
                 .collect();
-            pieces.sort_unstable();
-            let uri = answering_once(answer, pieces).await;
+            cuts.sort_unstable();
+            let pieces: Vec<Vec<u8>> = [0]
+                .into_iter()
+                .chain(cuts.iter().copied())
+                .zip(cuts.iter().copied().chain([answer.len()]))
+                .map(|(from, to)| answer[from..to].to_vec())
+                .collect();
+            let (uri, _) = scripted(vec![pieces], 1).await;
             let pool = Pool::new(Duration::from_secs(1));
             let read = async {
                 let response = pool
