@@ -2,6 +2,7 @@
 //! request that needs no translation is forwarded without re-serialising its messages.
 
 use std::fmt;
+use std::ops::Range;
 
 use bytes::Bytes;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -40,7 +41,9 @@ impl Operation {
 pub struct ClientRequest {
     /// The body as it came.
     pub raw: Bytes,
-    fields: Vec<(String, Box<RawValue>)>,
+    /// Its top-level members in order, each a name and the place of its value in `raw`: read
+    /// once, copied never.
+    fields: Vec<Field>,
     pub model: Option<String>,
     pub stream: bool,
     /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` on the Responses API).
@@ -54,34 +57,126 @@ pub struct ClientRequest {
 /// Completion tokens assumed for a request that sets no `max_tokens`.
 const DEFAULT_COMPLETION_ESTIMATE: u64 = 256;
 
-struct Fields(Vec<(String, Box<RawValue>)>);
+/// A top-level member of the body: its name, and where its value's JSON text stands in the body.
+#[derive(Debug, Clone)]
+struct Field {
+    name: Name,
+    value: Range<usize>,
+}
 
-impl<'de> Deserialize<'de> for Fields {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct FieldsVisitor;
-        impl<'de> Visitor<'de> for FieldsVisitor {
-            type Value = Fields;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
-                let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some((key, value)) = map.next_entry::<String, Box<RawValue>>()? {
-                    if fields.iter().any(|(k, _): &(String, _)| *k == key) {
-                        return Err(de::Error::custom(format_args!("duplicate field `{key}`")));
-                    }
-                    fields.push((key, value));
-                }
-                Ok(Fields(fields))
-            }
+/// A member's name: where it stands in the body (between its quotes), or decoded when the
+/// client wrote it with escapes.
+#[derive(Debug, Clone)]
+enum Name {
+    At(Range<usize>),
+    Decoded(Box<str>),
+}
+
+impl Field {
+    fn name<'a>(&'a self, raw: &'a [u8]) -> &'a [u8] {
+        match &self.name {
+            Name::At(at) => raw.get(at.clone()).unwrap_or_default(),
+            Name::Decoded(name) => name.as_bytes(),
         }
-        deserializer.deserialize_map(FieldsVisitor)
+    }
+
+    fn value<'a>(&self, raw: &'a [u8]) -> &'a [u8] {
+        raw.get(self.value.clone()).unwrap_or_default()
+    }
+
+    /// Writes the name as a JSON string, as the client wrote it when it had no escapes.
+    fn write_name(&self, raw: &[u8], out: &mut Vec<u8>) {
+        match &self.name {
+            Name::At(_) => {
+                out.push(b'"');
+                out.extend_from_slice(self.name(raw));
+                out.push(b'"');
+            }
+            Name::Decoded(name) => push_json_string(out, name),
+        }
+    }
+}
+
+/// Where `part`, borrowed from `raw` by the parser, stands in it.
+fn place(raw: &[u8], part: &[u8]) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(raw.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= raw.len()).then_some(start..end)
+}
+
+/// The top-level members of a JSON object body, read without copying a name or a value.
+fn members(raw: &[u8]) -> serde_json::Result<Vec<Field>> {
+    let mut deserializer = serde_json::Deserializer::from_slice(raw);
+    let fields = deserializer.deserialize_map(Members { raw })?;
+    deserializer.end()?;
+    Ok(fields)
+}
+
+struct Members<'r> {
+    raw: &'r [u8],
+}
+
+impl<'de> Visitor<'de> for Members<'de> {
+    type Value = Vec<Field>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<Field>, A::Error> {
+        let raw = self.raw;
+        let mut fields: Vec<Field> = Vec::with_capacity(map.size_hint().unwrap_or(8));
+        while let Some(name) = map.next_key_seed(NameIn { raw })? {
+            let value: &'de RawValue = map.next_value()?;
+            let value = place(raw, value.get().as_bytes())
+                .ok_or_else(|| de::Error::custom("a value outside the body"))?;
+            let field = Field { name, value };
+            let name = field.name(raw);
+            if fields.iter().any(|f| f.name(raw) == name) {
+                let name = String::from_utf8_lossy(name);
+                return Err(de::Error::custom(format_args!("duplicate field `{name}`")));
+            }
+            fields.push(field);
+        }
+        Ok(fields)
+    }
+}
+
+/// Reads a member's name as its place in the body, or decoded when it has escapes.
+struct NameIn<'r> {
+    raw: &'r [u8],
+}
+
+impl<'de> de::DeserializeSeed<'de> for NameIn<'de> {
+    type Value = Name;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Name, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NameIn<'de> {
+    type Value = Name;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, name: &'de str) -> Result<Name, E> {
+        Ok(match place(self.raw, name.as_bytes()) {
+            Some(at) => Name::At(at),
+            None => Name::Decoded(name.into()),
+        })
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<Name, E> {
+        Ok(Name::Decoded(name.into()))
     }
 }
 
 impl ClientRequest {
     pub fn parse(raw: Bytes, operation: Operation) -> Result<Self, GatewayError> {
-        let Fields(fields) = serde_json::from_slice(&raw).map_err(|e| {
+        let fields = members(&raw).map_err(|e| {
             GatewayError::InvalidRequest(format!("the request body is not valid JSON: {e}"))
         })?;
         let mut request = ClientRequest {
@@ -137,7 +232,7 @@ impl ClientRequest {
         for name in ["messages", "input", "instructions", "system"] {
             let Some(text) = self
                 .field(name)
-                .and_then(|raw| serde_json::from_str::<TextChars>(raw.get()).ok())
+                .and_then(|raw| serde_json::from_slice::<TextChars>(raw).ok())
             else {
                 continue;
             };
@@ -151,7 +246,7 @@ impl ClientRequest {
     pub fn stream_options_with_usage(&self) -> String {
         let mut options = self
             .field("stream_options")
-            .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+            .and_then(|raw| serde_json::from_slice::<serde_json::Value>(raw).ok())
             .filter(serde_json::Value::is_object)
             .unwrap_or_else(|| serde_json::json!({}));
         options["include_usage"] = serde_json::Value::Bool(true);
@@ -159,25 +254,23 @@ impl ClientRequest {
     }
 
     /// The body with each `(name, json)` field replaced (or added); the others as they came.
+    /// A change that is not JSON is left out.
     pub fn with_fields(&self, changes: &[(&str, String)]) -> Bytes {
-        let mut fields = self.fields.clone();
-        for (name, json) in changes {
-            let Ok(value) = RawValue::from_string(json.clone()) else {
-                continue;
-            };
-            match fields.iter_mut().find(|(k, _)| k == name) {
-                Some((_, slot)) => *slot = value,
-                None => fields.push(((*name).to_owned(), value)),
-            }
-        }
-        serialize(&fields, None)
+        let changes: Vec<(&str, &[u8])> = changes
+            .iter()
+            .filter(|(_, json)| serde_json::from_str::<&RawValue>(json).is_ok())
+            .map(|(name, json)| (*name, json.as_bytes()))
+            .collect();
+        serialize(&self.raw, &self.fields, &changes)
     }
 
-    pub(crate) fn field(&self, name: &str) -> Option<&RawValue> {
+    /// The JSON text of the top-level member `name`, as the client wrote it.
+    pub(crate) fn field(&self, name: &str) -> Option<&[u8]> {
+        let raw = &self.raw[..];
         self.fields
             .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_ref())
+            .find(|field| field.name(raw) == name.as_bytes())
+            .map(|field| field.value(raw))
     }
 
     /// A field decoded as `T`, `None` when absent or null.
@@ -188,8 +281,8 @@ impl ClientRequest {
     ) -> Result<Option<T>, GatewayError> {
         match self.field(name) {
             None => Ok(None),
-            Some(raw) if raw.get() == "null" => Ok(None),
-            Some(raw) => serde_json::from_str(raw.get())
+            Some(b"null") => Ok(None),
+            Some(raw) => serde_json::from_slice(raw)
                 .map(Some)
                 .map_err(|_| GatewayError::InvalidRequest(format!("`{name}` must be {expected}"))),
         }
@@ -197,7 +290,7 @@ impl ClientRequest {
 
     fn require_present(&self, name: &str) -> Result<(), GatewayError> {
         match self.field(name) {
-            Some(raw) if raw.get() != "null" => Ok(()),
+            Some(raw) if raw != b"null" => Ok(()),
             _ => Err(GatewayError::InvalidRequest(format!(
                 "missing required field `{name}`"
             ))),
@@ -207,7 +300,7 @@ impl ClientRequest {
     fn require_array(&self, name: &str) -> Result<(), GatewayError> {
         self.require_present(name)?;
         match self.field(name) {
-            Some(raw) if raw.get().starts_with('[') => Ok(()),
+            Some(raw) if raw.starts_with(b"[") => Ok(()),
             _ => Err(GatewayError::InvalidRequest(format!(
                 "`{name}` must be an array"
             ))),
@@ -219,35 +312,21 @@ impl ClientRequest {
     pub fn with_model(&self, model: &str) -> Bytes {
         let mut model_json = Vec::with_capacity(model.len() + 2);
         push_json_string(&mut model_json, model);
-        let model_json = String::from_utf8_lossy(&model_json);
-        serialize(&self.fields, Some(("model", &model_json)))
+        serialize(&self.raw, &self.fields, &[("model", &model_json)])
     }
 
     /// The same request with `text` appended as a final assistant message, so a target that
     /// accepts prefill continues from it. `None` when the messages cannot be rebuilt.
     pub fn with_prefill(&self, text: &str) -> Option<ClientRequest> {
         let messages = self.field("messages")?;
-        let mut list: Vec<Box<RawValue>> = serde_json::from_str(messages.get()).ok()?;
-        let prefill = serde_json::json!({"role": "assistant", "content": text});
-        list.push(RawValue::from_string(prefill.to_string()).ok()?);
-        let messages = RawValue::from_string(serde_json::to_string(&list).ok()?).ok()?;
-        let fields: Vec<(String, Box<RawValue>)> = self
-            .fields
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.clone(),
-                    if k == "messages" {
-                        messages.clone()
-                    } else {
-                        v.clone()
-                    },
-                )
-            })
-            .collect();
+        let mut list: Vec<&RawValue> = serde_json::from_slice(messages).ok()?;
+        let prefill = serde_json::json!({"role": "assistant", "content": text}).to_string();
+        list.push(serde_json::from_str(&prefill).ok()?);
+        let messages = serde_json::to_vec(&list).ok()?;
+        let raw = serialize(&self.raw, &self.fields, &[("messages", &messages)]);
         Some(ClientRequest {
-            raw: serialize(&fields, None),
-            fields,
+            fields: members(&raw).ok()?,
+            raw,
             model: self.model.clone(),
             stream: self.stream,
             max_tokens: self.max_tokens,
@@ -357,40 +436,41 @@ impl<'de> Deserialize<'de> for Structural {
     }
 }
 
-/// A JSON object from raw fields, with one field's value replaced (or added) when asked.
-fn serialize(fields: &[(String, Box<RawValue>)], replace: Option<(&str, &str)>) -> Bytes {
-    let extra = replace.map_or(0, |(k, v)| k.len() + v.len() + 4);
-    let mut out = Vec::with_capacity(
-        fields
+/// The body's members with `changes` made: a member a change names gets its JSON (the last
+/// change of that name counts), the others stay as the client wrote them, and changes naming no
+/// member are added at the end.
+fn serialize(raw: &[u8], fields: &[Field], changes: &[(&str, &[u8])]) -> Bytes {
+    let change = |name: &[u8]| {
+        changes
             .iter()
-            .map(|(k, v)| k.len() + v.get().len() + 4)
-            .sum::<usize>()
-            + extra
-            + 2,
-    );
+            .rev()
+            .find(|(n, _)| n.as_bytes() == name)
+            .map(|&(_, json)| json)
+    };
+    let extra: usize = changes.iter().map(|(n, v)| n.len() + v.len() + 4).sum();
+    let mut out = Vec::with_capacity(raw.len() + extra + 2);
     out.push(b'{');
-    let mut replaced = false;
-    for (i, (key, value)) in fields.iter().enumerate() {
-        if i > 0 {
+    for field in fields {
+        if out.len() > 1 {
             out.push(b',');
         }
-        push_json_string(&mut out, key);
+        field.write_name(raw, &mut out);
         out.push(b':');
-        match replace {
-            Some((name, new)) if name == key => {
-                out.extend_from_slice(new.as_bytes());
-                replaced = true;
-            }
-            _ => out.extend_from_slice(value.get().as_bytes()),
-        }
+        let name = field.name(raw);
+        out.extend_from_slice(change(name).unwrap_or_else(|| field.value(raw)));
     }
-    if let (Some((name, new)), false) = (replace, replaced) {
-        if !fields.is_empty() {
+    for (i, &(name, json)) in changes.iter().enumerate() {
+        let present = fields.iter().any(|f| f.name(raw) == name.as_bytes());
+        let later = changes[i + 1..].iter().any(|(n, _)| *n == name);
+        if present || later {
+            continue;
+        }
+        if out.len() > 1 {
             out.push(b',');
         }
         push_json_string(&mut out, name);
         out.push(b':');
-        out.extend_from_slice(new.as_bytes());
+        out.extend_from_slice(json);
     }
     out.push(b'}');
     Bytes::from(out)
@@ -449,6 +529,53 @@ mod tests {
         assert_eq!(body["messages"][1]["content"], "Hello \"there\"");
         assert_eq!(body["stream"], true);
         assert_eq!(continued.with_model("x").len(), continued.raw.len());
+    }
+
+    #[test]
+    fn members_are_found_by_their_names_however_the_client_wrote_them() {
+        let req = parse(
+            "{ \"mod\\u0065l\" : \"m\" ,\n \"messages\":[ {\"role\":\"user\",\"content\":\"hi\"} ],\"n\":null }",
+        )
+        .unwrap();
+        assert_eq!(req.model.as_deref(), Some("m"));
+        assert_eq!(
+            req.field("messages"),
+            Some(&br#"[ {"role":"user","content":"hi"} ]"#[..])
+        );
+        assert_eq!(req.field("n"), Some(&b"null"[..]));
+        assert_eq!(req.field("stream"), None);
+        // Written back without the whitespace between members, the escaped name decoded.
+        assert_eq!(
+            std::str::from_utf8(&req.with_model("gpt-4o")).unwrap(),
+            r#"{"model":"gpt-4o","messages":[ {"role":"user","content":"hi"} ],"n":null}"#
+        );
+        let err = parse(r#"{"model":"a","mod\u0065l":"b","messages":[]}"#)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("duplicate field `model`"), "{err}");
+        let err = parse(r#"{"messages":[],"messages":[]}"#).err().unwrap();
+        assert!(
+            err.to_string().contains("duplicate field `messages`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn changed_fields_replace_or_join_the_members_and_the_last_change_counts() {
+        let req = parse(r#"{"model":"m","messages":[],"stream":true}"#).unwrap();
+        let changes = [
+            ("stream", "false".to_owned()),
+            ("stream_options", r#"{"include_usage":true}"#.to_owned()),
+            ("bad", "{not json".to_owned()),
+            ("stream_options", "{}".to_owned()),
+            ("a\"b", "1".to_owned()),
+        ];
+        assert_eq!(
+            std::str::from_utf8(&req.with_fields(&changes)).unwrap(),
+            r#"{"model":"m","messages":[],"stream":false,"stream_options":{},"a\"b":1}"#
+        );
+        let empty = ClientRequest::parse(Bytes::from_static(b"{}"), Operation::Responses).unwrap();
+        assert_eq!(&empty.with_model("x")[..], br#"{"model":"x"}"#);
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl Estimator {
     /// The prompt tokens of a chat request's `messages` (and `tools`, `functions`, Anthropic's
     /// top-level `system`); `None` when they are not in a shape this counts.
     pub fn chat(&self, request: ChatFields<'_>) -> Option<u64> {
-        let messages: Vec<Message<'_>> = serde_json::from_str(request.messages?.get()).ok()?;
+        let messages: Vec<Message<'_>> = serde_json::from_slice(request.messages?).ok()?;
         let mut total = REPLY_PRIMING;
         if let Some(system) = request.system {
             total += TOKENS_PER_MESSAGE + self.text("system") + self.content(system)?;
@@ -242,8 +242,8 @@ impl Estimator {
 
     /// A message content (its JSON): a string, or parts (text, images; other kinds count
     /// nothing).
-    fn content(&self, raw: &RawValue) -> Option<u64> {
-        let content: Content<'_> = serde_json::from_str(raw.get()).ok()?;
+    fn content(&self, raw: &[u8]) -> Option<u64> {
+        let content: Content<'_> = serde_json::from_slice(raw).ok()?;
         Some(self.counted(&content))
     }
 
@@ -272,7 +272,8 @@ impl Estimator {
             return self.image(size, None);
         }
         // Anthropic tool results carry their text one level down.
-        part.content.map_or(0, |c| self.content(c).unwrap_or(0))
+        part.content
+            .map_or(0, |c| self.content(c.get().as_bytes()).unwrap_or(0))
     }
 
     /// The tokens of one image of `(width, height)` pixels.
@@ -307,8 +308,8 @@ impl Estimator {
     }
 
     /// The cookbook recipe for tool (or legacy function) schemas.
-    fn tools(&self, raw: &RawValue) -> Option<u64> {
-        let list: Vec<serde_json::Value> = serde_json::from_str(raw.get()).ok()?;
+    fn tools(&self, raw: &[u8]) -> Option<u64> {
+        let list: Vec<serde_json::Value> = serde_json::from_slice(raw).ok()?;
         if list.is_empty() {
             return Some(0);
         }
@@ -345,8 +346,8 @@ impl Estimator {
     }
 
     /// The tokens of an embeddings `input`: a string, strings, or token arrays.
-    pub fn embeddings(&self, input: &RawValue) -> Option<u64> {
-        let value: serde_json::Value = serde_json::from_str(input.get()).ok()?;
+    pub fn embeddings(&self, input: &[u8]) -> Option<u64> {
+        let value: serde_json::Value = serde_json::from_slice(input).ok()?;
         Some(self.embedding_input(&value))
     }
 
@@ -445,14 +446,14 @@ fn loading(encoding: Encoding) -> &'static Loading {
     }
 }
 
-/// The raw fields of a chat body the estimate reads.
+/// The fields of a chat body the estimate reads, each its JSON text.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChatFields<'a> {
-    pub messages: Option<&'a RawValue>,
-    pub tools: Option<&'a RawValue>,
-    pub functions: Option<&'a RawValue>,
+    pub messages: Option<&'a [u8]>,
+    pub tools: Option<&'a [u8]>,
+    pub functions: Option<&'a [u8]>,
     /// Anthropic Messages' top-level system prompt.
-    pub system: Option<&'a RawValue>,
+    pub system: Option<&'a [u8]>,
 }
 
 #[derive(Deserialize)]
@@ -709,11 +710,7 @@ mod tests {
         assert!(corpus.len() >= 20, "the corpus has {} cases", corpus.len());
         let mut wrong = Vec::new();
         for case in &corpus {
-            let raw = |key: &str| {
-                case.body
-                    .get(key)
-                    .map(|v| RawValue::from_string(v.to_string()).unwrap())
-            };
+            let raw = |key: &str| case.body.get(key).map(|v| v.to_string().into_bytes());
             let (messages, tools, functions) = (raw("messages"), raw("tools"), raw("functions"));
             let fields = ChatFields {
                 messages: messages.as_deref(),

@@ -188,7 +188,7 @@ impl RequestSpan {
     pub fn call(&mut self, request: &ClientRequest) {
         let temperature = request
             .field("temperature")
-            .and_then(|v| v.get().parse::<f64>().ok());
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<f64>().ok());
         self.call = Some(CallFacts {
             max_tokens: request.max_tokens,
             temperature,
