@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use onedoor_config::Snapshot;
 use onedoor_state::{now_ms, State, TargetKey};
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::breaker::{Admission, Observed, ProbePermit};
@@ -71,8 +72,8 @@ pub struct Failover<'a> {
     plan: Plan,
     deadline: Instant,
     /// Whether each candidate may still be tried in this request.
-    open: Vec<bool>,
-    retries: Vec<u32>,
+    open: SmallVec<[bool; 4]>,
+    retries: SmallVec<[u32; 4]>,
     verdicts: Vec<Verdict>,
     cooled_until_ms: Vec<u64>,
     context_fallback: Option<(usize, Failure)>,
@@ -103,8 +104,8 @@ impl<'a> Failover<'a> {
             alias_index,
             plan,
             deadline,
-            open: vec![true; n],
-            retries: vec![0; n],
+            open: smallvec::smallvec![true; n],
+            retries: smallvec::smallvec![0; n],
             verdicts: Vec::new(),
             cooled_until_ms: Vec::new(),
             context_fallback: None,

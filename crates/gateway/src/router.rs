@@ -113,7 +113,7 @@ pub async fn plan_admitting(
 struct Opening {
     plan: Plan,
     /// The candidates the state decides about.
-    open: Vec<Candidate>,
+    open: SmallVec<[Candidate; INLINE_TARGETS]>,
 }
 
 fn open(
@@ -129,7 +129,7 @@ fn open(
         excluded: Vec::new(),
         usage: vec![None; snapshot.backends.len()],
     };
-    let mut open = Vec::with_capacity(alias.targets.len());
+    let mut open = SmallVec::new();
     for target in &alias.targets {
         let Some(backend) = snapshot.backends.get(target.backend) else {
             continue;
@@ -275,7 +275,8 @@ impl Plan {
         turn: &AtomicU64,
         fitness: impl Fn(&Candidate) -> Fitness,
     ) -> Option<usize> {
-        let scored: Vec<(usize, &Candidate, Fitness)> = self
+        // Few targets an alias: both lists stay on the stack.
+        let scored: SmallVec<[(usize, &Candidate, Fitness); 4]> = self
             .candidates
             .iter()
             .enumerate()
@@ -286,7 +287,7 @@ impl Plan {
         let pool = || scored.iter().filter(move |(_, _, f)| f.headroom || !roomy);
         let priority = pool().map(|(_, c, _)| c.priority).min()?;
         let fresh = pool().any(|(_, c, f)| c.priority == priority && f.fresh_region);
-        let group: Vec<&(usize, &Candidate, Fitness)> = pool()
+        let group: SmallVec<[&(usize, &Candidate, Fitness); 4]> = pool()
             .filter(|(_, c, f)| c.priority == priority && (f.fresh_region || !fresh))
             .collect();
         let share = |c: &Candidate, f: &Fitness| {
