@@ -8,6 +8,7 @@
 //! `content-length`, `chunked` or the connection's end, 1xx answers skipped, keep-alive unless
 //! either side says `close`.
 
+use std::io::IoSlice;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -63,6 +64,24 @@ impl AsyncWrite for Io {
         }
     }
 
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        parts: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, parts),
+            Io::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, parts),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(tcp) => tcp.is_write_vectored(),
+            Io::Tls(tls) => tls.is_write_vectored(),
+        }
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
@@ -85,8 +104,11 @@ const MAX_HEADERS: usize = 128;
 const MAX_READ: usize = 64 * 1024;
 /// A read's size when the thread's scratch space cannot be had (only while the thread exits).
 const FALLBACK_READ: usize = 4096;
-/// A request head and body up to this size together go out in one write.
-const ONE_WRITE: usize = 64 * 1024;
+/// A request body up to this size is copied behind its head, so both go out in one buffer; a
+/// larger one goes out from where it is, head and body in one vectored write over plain TCP
+/// (a TLS connection takes them together up to [`TLS_ONE_WRITE`], one record).
+const INLINE_BODY: usize = 4 * 1024;
+const TLS_ONE_WRITE: usize = 64 * 1024;
 
 /// An open HTTP/1.1 connection and whatever it has read and not yet handed out.
 pub struct Connection {
@@ -148,7 +170,11 @@ impl Connection {
         request: Request<Bytes>,
     ) -> Result<Response<Body>, SendError> {
         let head_request = request.method() == Method::HEAD;
-        let (bytes, body) = encode(&request);
+        let inline = match self.io {
+            Io::Plain(_) => INLINE_BODY,
+            Io::Tls(_) => TLS_ONE_WRITE,
+        };
+        let (bytes, body) = encode(&request, inline);
         if let Err(error) = self.write_request(&bytes, &body).await {
             return Err(match error {
                 Written::Nothing => SendError::Unsent(Box::new(request)),
@@ -179,19 +205,22 @@ impl Connection {
         Ok(response)
     }
 
+    /// Writes the head and the body behind it, in one system call when the socket takes all.
     async fn write_request(&mut self, head: &[u8], body: &Bytes) -> Result<(), Written> {
         let mut written = 0;
-        for part in [head, &body[..]] {
-            let mut at = 0;
-            while at < part.len() {
-                match self.io.write(&part[at..]).await {
-                    Ok(0) => return Err(Written::at(written, closed_error())),
-                    Ok(n) => {
-                        at += n;
-                        written += n;
-                    }
-                    Err(e) => return Err(Written::at(written, e)),
-                }
+        while written < head.len() + body.len() {
+            let (head_left, body_left) = match head.get(written..) {
+                Some(rest) => (rest, &body[..]),
+                None => (
+                    &[][..],
+                    body.get(written - head.len()..).unwrap_or_default(),
+                ),
+            };
+            let parts = [IoSlice::new(head_left), IoSlice::new(body_left)];
+            match self.io.write_vectored(&parts).await {
+                Ok(0) => return Err(Written::at(written, closed_error())),
+                Ok(n) => written += n,
+                Err(e) => return Err(Written::at(written, e)),
             }
         }
         self.io.flush().await.map_err(Written::Part)
@@ -266,13 +295,11 @@ fn closed_error() -> std::io::Error {
 
 /// The request as it goes out: its head with the body after it when both fit one write, else
 /// the head and the body apart (written one after the other, the body not copied).
-fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
+/// The request head, with the body behind it when it is at most `inline` bytes (the body left
+/// to write is then empty).
+fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
     let body = request.body();
-    let inline_body = if body.len() < ONE_WRITE {
-        body.len()
-    } else {
-        0
-    };
+    let inline_body = if body.len() <= inline { body.len() } else { 0 };
     let mut head = Vec::with_capacity(256 + request.headers().len() * 48 + inline_body);
     head.extend_from_slice(request.method().as_str().as_bytes());
     head.push(b' ');
@@ -294,7 +321,7 @@ fn encode(request: &Request<Bytes>) -> (Vec<u8>, Bytes) {
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
-    if head.len() + body.len() <= ONE_WRITE {
+    if body.len() <= inline {
         head.extend_from_slice(body);
         return (head, Bytes::new());
     }
@@ -570,17 +597,108 @@ mod tests {
             .header("content-length", "999")
             .body(Bytes::from_static(b"{}"))
             .unwrap();
-        let (head, body) = encode(&request);
+        let (head, body) = encode(&request, INLINE_BODY);
         assert_eq!(
             String::from_utf8(head).unwrap(),
             "POST /v1/chat?x=1 HTTP/1.1\r\nhost: upstream\r\ncontent-length: 2\r\n\r\n{}"
         );
         assert!(body.is_empty());
         let large = Request::post("/")
-            .body(Bytes::from(vec![b'x'; ONE_WRITE]))
+            .body(Bytes::from(vec![b'x'; INLINE_BODY + 1]))
             .unwrap();
-        let (head, body) = encode(&large);
-        assert!(head.ends_with(b"content-length: 65536\r\n\r\n"));
-        assert_eq!(body.len(), ONE_WRITE);
+        let (head, body) = encode(&large, INLINE_BODY);
+        assert!(head.ends_with(b"content-length: 4097\r\n\r\n"));
+        assert_eq!(body.len(), INLINE_BODY + 1);
+        let (head, body) = encode(&large, TLS_ONE_WRITE);
+        assert!(head.ends_with(&[b'x'; INLINE_BODY + 1]));
+        assert!(body.is_empty());
+    }
+
+    /// A raw upstream that takes one request at a time in small, slow reads, so the gateway's
+    /// writes end partway, and answers each with the bytes it got.
+    async fn slow_echo() -> std::net::SocketAddr {
+        use std::time::Duration;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpSocket::new_v4().unwrap();
+        listener.set_recv_buffer_size(8 * 1024).unwrap();
+        listener.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = listener.listen(1).unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            loop {
+                let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    let mut chunk = [0u8; 1024];
+                    match socket.read(&mut chunk).await.unwrap() {
+                        0 => return,
+                        n => got.extend_from_slice(&chunk[..n]),
+                    }
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&got[..end]).to_string();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |n| n.parse().unwrap());
+                while got.len() < end + 4 + length {
+                    let mut chunk = [0u8; 16 * 1024];
+                    let n = socket.read(&mut chunk).await.unwrap();
+                    assert!(n > 0, "the request ended early");
+                    got.extend_from_slice(&chunk[..n]);
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                let request: Vec<u8> = got.drain(..end + 4 + length).collect();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
+                    request.len()
+                );
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                socket.write_all(&request).await.unwrap();
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn request_bodies_of_every_size_arrive_whole_behind_their_head() {
+        use std::time::Duration;
+        let address = slow_echo().await;
+        // Small socket buffers on both ends: the larger bodies take many writes.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(8 * 1024).unwrap();
+        let socket = socket.connect(address).await.unwrap();
+        let mut connection = Connection::new(Io::Plain(socket));
+        let sizes = [0, 100, INLINE_BODY, INLINE_BODY + 1, 70_000, 1_000_000];
+        for (round, size) in sizes.into_iter().enumerate() {
+            let body: Vec<u8> = (0..size).map(|i| (i * 7 + round) as u8).collect();
+            let request = Request::post("/echo")
+                .header("host", "upstream")
+                .body(Bytes::from(body.clone()))
+                .unwrap();
+            let (expected_head, _) = encode(&request, 0);
+            let response = tokio::time::timeout(Duration::from_secs(10), connection.send(request))
+                .await
+                .expect("answered in time")
+                .unwrap_or_else(|_| panic!("the request of {size} bytes was sent"));
+            let mut body_read = response.into_body();
+            let mut echoed = Vec::new();
+            while let Some(data) = std::future::poll_fn(|cx| body_read.poll_data(cx)).await {
+                echoed.extend_from_slice(&data.unwrap());
+            }
+            assert_eq!(echoed.len(), expected_head.len() + size, "{size} bytes");
+            assert_eq!(
+                &echoed[..expected_head.len()],
+                &expected_head[..],
+                "{size} bytes"
+            );
+            assert!(
+                echoed[expected_head.len()..] == body[..],
+                "the body of {size} bytes"
+            );
+            connection = body_read
+                .into_reusable()
+                .expect("the connection is reusable");
+        }
     }
 }
