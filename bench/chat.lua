@@ -3,6 +3,7 @@
 --   BENCH_MODEL        the body's "model" (the alias through the gateway; Azure ignores it)
 --   BENCH_AUTH_HEADER  the credential header's name (api-key for Azure, authorization for onedoor)
 --   BENCH_AUTH_VALUE   its value
+--   BENCH_PROMPT_BYTES the user message padded with prose to this many bytes (a long prompt)
 --
 -- At the end it prints one machine-readable line that bench/run reads:
 --   BENCH requests=N duration_us=N rps=F p50_us=N p90_us=N p99_us=N max_us=N
@@ -11,10 +12,23 @@
 wrk.method = "POST"
 wrk.headers["content-type"] = "application/json"
 wrk.headers[os.getenv("BENCH_AUTH_HEADER") or "authorization"] = os.getenv("BENCH_AUTH_VALUE") or ""
+local question = "Say hello in five words."
+local prompt_bytes = tonumber(os.getenv("BENCH_PROMPT_BYTES") or "")
+if prompt_bytes and prompt_bytes > #question then
+  local prose = " The quick brown fox jumps over the lazy dog by the river, and the dog lets it."
+  local parts = { question }
+  local size = #question
+  while size + #prose <= prompt_bytes do
+    parts[#parts + 1] = prose
+    size = size + #prose
+  end
+  parts[#parts + 1] = string.rep(".", prompt_bytes - size)
+  question = table.concat(parts)
+end
 wrk.body = string.format(
   '{"model":"%s","messages":[{"role":"system","content":"You are terse."},' ..
-  '{"role":"user","content":"Say hello in five words."}],"max_tokens":32}',
-  os.getenv("BENCH_MODEL") or "chat")
+  '{"role":"user","content":"%s"}],"max_tokens":32}',
+  os.getenv("BENCH_MODEL") or "chat", question)
 
 function done(summary, latency, requests)
   local e = summary.errors
