@@ -287,18 +287,18 @@ pub async fn count_prompt(
                 system: request.field("system"),
             }),
         };
-        counted.unwrap_or_else(|| (request.raw.len() as u64).div_ceil(4))
+        counted.unwrap_or_else(|| (request.raw().len() as u64).div_ceil(4))
     };
     // The first count of an encoding waits for its vocabulary, loaded off the async threads;
     // a large body is counted off them too.
     estimator.load().await;
-    if request.raw.len() <= COUNT_INLINE_BYTES {
+    if request.raw().len() <= COUNT_INLINE_BYTES {
         return count(request);
     }
     let owned = request.clone();
     tokio::task::spawn_blocking(move || count(&owned))
         .await
-        .unwrap_or_else(|_| (request.raw.len() as u64).div_ceil(4))
+        .unwrap_or_else(|_| (request.raw().len() as u64).div_ceil(4))
 }
 
 /// Everything admission reads about one request.

@@ -39,8 +39,8 @@ impl Operation {
 
 #[derive(Clone)]
 pub struct ClientRequest {
-    /// The body as it came.
-    pub raw: Bytes,
+    /// The body as it came; `fields` point into it, so it never changes.
+    raw: Bytes,
     /// Its top-level members in order, each a name and the place of its value in `raw`: read
     /// once, copied never.
     fields: Vec<Field>,
@@ -209,6 +209,11 @@ impl ClientRequest {
             }
         }
         Ok(request)
+    }
+
+    /// The body as it came.
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
     }
 
     /// A rough token estimate (about four bytes a token, plus the completion budget) for headroom

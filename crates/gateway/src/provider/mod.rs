@@ -209,7 +209,7 @@ pub fn openai_body(request: &ClientRequest, model: Option<&str>, operation: Oper
     let ask_usage =
         operation == Operation::ChatCompletions && request.stream && !request.include_usage;
     match (model, ask_usage) {
-        (None, false) => request.raw.clone(),
+        (None, false) => request.raw().clone(),
         (Some(model), false) => request.with_model(model),
         (model, true) => {
             let mut changes = vec![("stream_options", request.stream_options_with_usage())];

@@ -24,7 +24,7 @@ pub fn url(backend: &Backend) -> String {
 
 /// The Messages request body for an OpenAI chat `request`, asking for `model`.
 pub fn body(model: &str, request: &ClientRequest) -> Result<Bytes, Unsendable> {
-    let chat: Value = serde_json::from_slice(&request.raw)
+    let chat: Value = serde_json::from_slice(request.raw())
         .map_err(|e| Unsendable::Invalid(format!("the request body is not valid JSON: {e}")))?;
     let body = translate_request(&chat, model)?;
     Ok(Bytes::from(body.to_string()))
