@@ -596,4 +596,133 @@ mod tests {
         let err = parse(r#"[1,2]"#).err().unwrap();
         assert!(err.to_string().contains("a JSON object"), "{err}");
     }
+
+    /// The members as serde_json reads them into owned names and boxed values (how the body
+    /// was read before it was read in place): the reference for the random test below.
+    fn owned_members(raw: &[u8]) -> Option<Vec<(String, Box<RawValue>)>> {
+        struct Owned;
+        impl<'de> Visitor<'de> for Owned {
+            type Value = Vec<(String, Box<RawValue>)>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut members: Vec<(String, Box<RawValue>)> = Vec::new();
+                while let Some((name, value)) = map.next_entry::<String, Box<RawValue>>()? {
+                    if members.iter().any(|(n, _)| *n == name) {
+                        return Err(de::Error::custom("duplicate"));
+                    }
+                    members.push((name, value));
+                }
+                Ok(members)
+            }
+        }
+        let mut deserializer = serde_json::Deserializer::from_slice(raw);
+        let members = deserializer.deserialize_map(Owned).ok()?;
+        deserializer.end().ok()?;
+        Some(members)
+    }
+
+    /// A JSON object with random names (some written with escapes), values and whitespace.
+    fn random_object(rng: &mut rand::rngs::StdRng) -> String {
+        use rand::Rng;
+        const NAMES: [&str; 8] = [
+            "model",
+            "messages",
+            "stream",
+            "max_tokens",
+            "é",
+            "a\"b",
+            "x",
+            "tools",
+        ];
+        const VALUES: [&str; 8] = [
+            r#""gpt-4o""#,
+            r#"[{"role":"user","content":"hi \"there\" \u00e9\n"}]"#,
+            "true",
+            "-12.5e3",
+            "null",
+            r#"{"a":[1,{"b":"}"}],"c":"\\"}"#,
+            r#""""#,
+            "[ ]",
+        ];
+        let space =
+            |rng: &mut rand::rngs::StdRng| [" ", "", "\n", "\t", "  "][rng.random_range(0..5)];
+        let mut out = String::from(space(rng));
+        out.push('{');
+        let count = rng.random_range(0..6);
+        for i in 0..count {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(space(rng));
+            let name = NAMES[rng.random_range(0..NAMES.len())];
+            out.push('"');
+            for c in name.chars() {
+                match (c, rng.random_range(0..4)) {
+                    ('"', _) => out.push_str("\\\""),
+                    (c, 0) if c.is_ascii() => out.push_str(&format!("\\u{:04x}", c as u32)),
+                    (c, _) => out.push(c),
+                }
+            }
+            out.push('"');
+            out.push_str(space(rng));
+            out.push(':');
+            out.push_str(space(rng));
+            out.push_str(VALUES[rng.random_range(0..VALUES.len())]);
+            out.push_str(space(rng));
+        }
+        out.push('}');
+        out.push_str(space(rng));
+        out
+    }
+
+    #[test]
+    fn random_bodies_are_read_as_serde_json_reads_them_and_rewritten_as_json() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        let (mut whole, mut refused) = (0, 0);
+        for _ in 0..4000 {
+            let mut raw = random_object(&mut rng).into_bytes();
+            if rng.random_bool(0.3) {
+                crate::framing::damage(&mut rng, &mut raw);
+            }
+            let expected = owned_members(&raw);
+            let Ok(fields) = members(&raw) else {
+                assert!(expected.is_none(), "{}", String::from_utf8_lossy(&raw));
+                refused += 1;
+                continue;
+            };
+            whole += 1;
+            let expected = expected.expect("serde_json reads it too");
+            let read: Vec<(&[u8], &[u8])> = fields
+                .iter()
+                .map(|f| (f.name(&raw), f.value(&raw)))
+                .collect();
+            let owned: Vec<(&[u8], &[u8])> = expected
+                .iter()
+                .map(|(n, v)| (n.as_bytes(), v.get().as_bytes()))
+                .collect();
+            assert_eq!(read, owned, "{}", String::from_utf8_lossy(&raw));
+            // Rewritten with the model set: JSON, the other members as they were.
+            let rewritten = serialize(&raw, &fields, &[("model", b"\"m\"")]);
+            let again = owned_members(&rewritten).expect("the rewritten body is an object");
+            let model = again
+                .iter()
+                .find(|(n, _)| n == "model")
+                .map(|(_, v)| v.get());
+            assert_eq!(model, Some("\"m\""));
+            let others = |list: &[(String, Box<RawValue>)]| -> Vec<(String, String)> {
+                list.iter()
+                    .filter(|(n, _)| n != "model")
+                    .map(|(n, v)| (n.clone(), v.get().to_owned()))
+                    .collect()
+            };
+            assert_eq!(others(&again), others(&expected));
+        }
+        assert!(
+            whole > 1500 && refused > 1000,
+            "{whole} read, {refused} refused"
+        );
+    }
 }
