@@ -293,14 +293,14 @@ fn closed_error() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::WriteZero, "the connection closed")
 }
 
-/// The request as it goes out: its head with the body after it when both fit one write, else
-/// the head and the body apart (written one after the other, the body not copied).
-/// The request head, with the body behind it when it is at most `inline` bytes (the body left
-/// to write is then empty).
+/// The request as it goes out: its head with the body copied behind it when the body is at
+/// most `inline` bytes (the body left to write is then empty), else the head and the body apart
+/// (the body not copied).
 fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
     let body = request.body();
-    let inline_body = if body.len() <= inline { body.len() } else { 0 };
-    let mut head = Vec::with_capacity(256 + request.headers().len() * 48 + inline_body);
+    let copied = body.len() <= inline;
+    let room = if copied { body.len() } else { 0 };
+    let mut head = Vec::with_capacity(256 + request.headers().len() * 48 + room);
     head.extend_from_slice(request.method().as_str().as_bytes());
     head.push(b' ');
     let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
@@ -321,7 +321,7 @@ fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
         head.extend_from_slice(b"\r\n");
     }
     head.extend_from_slice(b"\r\n");
-    if body.len() <= inline {
+    if copied {
         head.extend_from_slice(body);
         return (head, Bytes::new());
     }
