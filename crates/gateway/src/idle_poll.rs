@@ -188,14 +188,7 @@ mod tests {
     /// CPU time of thread `tid` of this process, in clock ticks (user and system).
     fn cpu_ticks(tid: &str) -> u64 {
         let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command name.
-        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+        crate::process::cpu_ticks(&stat).unwrap()
     }
 
     /// Within the window after the lane wakes, the poller polls; after a window without work it

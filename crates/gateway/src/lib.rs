@@ -24,6 +24,7 @@ mod messages;
 mod metrics;
 mod outcome;
 mod pipeline;
+pub mod process;
 mod provider;
 mod readiness;
 mod realtime;

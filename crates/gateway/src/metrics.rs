@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use onedoor_state::{now_ms, State};
 use onedoor_usage::{RecorderStats, UsageRecord};
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{text, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -106,6 +106,8 @@ fn per_token_buckets() -> Histogram {
 /// Every metric of one gateway, and the registry that encodes them.
 pub struct Metrics {
     registry: Registry,
+    /// The standard `process_*` metrics, without the `onedoor_` prefix.
+    process: Registry,
     requests: Family<RequestLabels, Counter>,
     attempts: Family<AttemptLabels, Counter>,
     tokens: Family<TokenLabels, Counter>,
@@ -172,6 +174,7 @@ impl Metrics {
             malformed: Family::default(),
             activity: std::sync::Arc::default(),
             registry: Registry::default(),
+            process: Registry::default(),
             id: recent::new_owner(),
         };
         let m = &metrics;
@@ -263,8 +266,11 @@ impl Metrics {
             "Malformed upstream stream events dropped (never forwarded), by backend",
             m.malformed.clone(),
         );
+        let mut process = Registry::default();
+        process.register_collector(Box::new(crate::process::ProcessCollector));
         Metrics {
             registry,
+            process,
             ..metrics
         }
     }
@@ -438,7 +444,10 @@ impl Metrics {
             self.read_spans(telemetry.stats());
         }
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        let encoded = text::encode_registry(&mut out, &self.process)
+            .and_then(|()| text::encode_registry(&mut out, &self.registry))
+            .and_then(|()| text::encode_eof(&mut out));
+        if encoded.is_err() {
             out.clear();
         }
         out

@@ -271,9 +271,8 @@ impl Slots {
         }
     }
 
-    /// Moves every waiting record to the end of `batch`.
+    /// Moves every waiting record to the end of `batch`, each slot locked once.
     fn take(&self, batch: &mut Vec<UsageRecord>) {
-        batch.reserve(self.len());
         for slot in &self.slots {
             batch.append(&mut lock(&slot.0).records);
         }

@@ -96,17 +96,15 @@ impl Gateway {
         self.exit(Duration::from_secs(20)).await
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The CPU time the process has used, user and system, in clock ticks.
     pub fn cpu_ticks(&self) -> u64 {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        // utime and stime: fields 14 and 15 of stat, 12 and 13 after the command name.
-        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+        onedoor_gateway::process::cpu_ticks(&stat).unwrap()
     }
 
     /// Where the process's stderr goes; readable after it exits.
