@@ -15,6 +15,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::breaker::BreakerState;
+use crate::process::ProcessCollector;
 use crate::runtime::Runtime;
 
 /// What `GET /metrics` answers with: the Prometheus text format, OpenMetrics flavour.
@@ -108,6 +109,8 @@ pub struct Metrics {
     registry: Registry,
     /// The standard `process_*` metrics, without the `onedoor_` prefix.
     process: Registry,
+    /// What they encode, read anew at each scrape.
+    process_reading: std::sync::Arc<ProcessCollector>,
     requests: Family<RequestLabels, Counter>,
     attempts: Family<AttemptLabels, Counter>,
     tokens: Family<TokenLabels, Counter>,
@@ -175,6 +178,7 @@ impl Metrics {
             activity: std::sync::Arc::default(),
             registry: Registry::default(),
             process: Registry::default(),
+            process_reading: std::sync::Arc::default(),
             id: recent::new_owner(),
         };
         let m = &metrics;
@@ -267,7 +271,7 @@ impl Metrics {
             m.malformed.clone(),
         );
         let mut process = Registry::default();
-        process.register_collector(Box::new(crate::process::ProcessCollector));
+        process.register_collector(Box::new(metrics.process_reading.clone()));
         Metrics {
             registry,
             process,
@@ -439,6 +443,7 @@ impl Metrics {
     /// The text exposition, with the gauges read from `runtime` now.
     pub async fn scrape(&self, runtime: &Runtime) -> String {
         self.read_gauges(runtime).await;
+        self.process_reading.refresh().await;
         self.read_recorder(runtime.recorder.stats());
         if let Some(telemetry) = &runtime.telemetry {
             self.read_spans(telemetry.stats());

@@ -3,6 +3,8 @@
 //! `/proc` at each scrape. A figure `/proc` does not give (another system, a restricted mount)
 //! is left out rather than reported as zero.
 
+use std::sync::{Mutex, PoisonError};
+
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -55,7 +57,7 @@ fn boot_time(stat: &str) -> Option<u64> {
 }
 
 /// One reading of the process.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 struct Reading {
     cpu_seconds: Option<f64>,
     start_time_seconds: Option<f64>,
@@ -91,13 +93,30 @@ impl Reading {
     }
 }
 
-/// Encodes the `process_*` metrics of a reading taken at each scrape.
-#[derive(Debug)]
-pub struct ProcessCollector;
+/// Encodes the `process_*` metrics of the last reading [`ProcessCollector::refresh`] took.
+#[derive(Debug, Default)]
+pub struct ProcessCollector {
+    last: Mutex<Reading>,
+}
+
+impl ProcessCollector {
+    /// Reads the process anew, off the async threads: listing its descriptors takes
+    /// milliseconds once thousands of connections are open.
+    pub async fn refresh(&self) {
+        let reading = tokio::task::spawn_blocking(Reading::of_this_process)
+            .await
+            .unwrap_or_default();
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = reading;
+    }
+}
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let reading = Reading::of_this_process();
+        let reading = self
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         if let Some(seconds) = reading.cpu_seconds {
             let cpu = ConstCounter::new(seconds);
             let help = "Total user and system CPU time spent in seconds";
@@ -176,6 +195,25 @@ mod tests {
             boot_time("cpu  1 2 3\nbtime 1764892800\nprocesses 9\n"),
             Some(1764892800)
         );
+    }
+
+    #[tokio::test]
+    async fn the_collector_encodes_its_last_reading_and_nothing_before_one() {
+        use prometheus_client::registry::Registry;
+        let collector = std::sync::Arc::new(ProcessCollector::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(collector.clone()));
+        let encode = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        assert!(!encode(&registry).contains("process_"));
+        collector.refresh().await;
+        let text = encode(&registry);
+        for name in ["process_cpu_seconds_total", "process_resident_memory_bytes"] {
+            assert!(text.contains(&format!("\n{name} ")), "{name} in {text}");
+        }
     }
 
     #[test]
