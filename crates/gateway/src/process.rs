@@ -57,7 +57,7 @@ fn boot_time(stat: &str) -> Option<u64> {
 }
 
 /// One reading of the process.
-#[derive(Debug, Default, Clone, PartialEq)]
+#[derive(Debug, Default, Clone)]
 struct Reading {
     cpu_seconds: Option<f64>,
     start_time_seconds: Option<f64>,
