@@ -5,7 +5,6 @@
 //! chunk or body that needs no repair is relayed byte for byte.
 
 use std::borrow::Cow;
-use std::ops::Range;
 use std::sync::LazyLock;
 
 use bytes::Bytes;
@@ -620,15 +619,37 @@ impl Annotations {
 /// begin with its closing one. Text without a quote, a backslash or a control character is a
 /// whole JSON string body on its own, so the parser reads the new chunk token for token as the
 /// last one, that string's value aside.
+///
+/// The chunk's bytes are not kept: the length and a 64-bit hash of the bytes before its text and
+/// of those after it are, some hundreds of bytes less a stream. With thousands of streams open a
+/// kept chunk has left the cache by the stream's next event; the new chunk, just read, is hashed
+/// instead. The hash is keyed at random for each process, so no upstream can aim for a
+/// collision. Should one happen all the same, the chunk still goes out as it came; only its
+/// kind and character count are taken as those of a chunk with other text.
 #[derive(Default)]
 struct LastText {
-    data: Vec<u8>,
-    /// The text between its quotes; empty when no chunk is known.
-    text: Range<usize>,
+    /// `None` when no chunk is known.
+    shape: Option<Shape>,
+}
+
+/// The bytes of a chunk around its text, by length and hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    before: usize,
+    after: usize,
+    before_hash: u64,
+    after_hash: u64,
+}
+
+/// The keyed hash [`LastText`] tells bytes apart by.
+fn bytes_hash(bytes: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: LazyLock<foldhash::quality::RandomState> = LazyLock::new(Default::default);
+    KEY.hash_one(bytes)
 }
 
 impl LastText {
-    /// Keeps `data`, whose text is `text` at `at` (checked).
+    /// Keeps `data`'s shape, whose text is `text` at `at` (checked).
     fn learn(&mut self, data: &[u8], at: Option<usize>, text: &str) {
         let Some(at) = at.filter(|&at| at > 0 && !text.is_empty()) else {
             return self.forget();
@@ -638,29 +659,33 @@ impl LastText {
         if !quoted || data.get(at..end) != Some(text.as_bytes()) {
             return self.forget();
         }
-        self.data.clear();
-        self.data.extend_from_slice(data);
-        self.text = at..end;
+        self.shape = Some(Shape {
+            before: at,
+            after: data.len() - end,
+            before_hash: bytes_hash(&data[..at]),
+            after_hash: bytes_hash(&data[end..]),
+        });
     }
 
     fn forget(&mut self) {
-        self.text = 0..0;
+        self.shape = None;
     }
 
     /// The characters of `data`'s text when `data` is the known chunk with other, non-empty
     /// text.
     fn chars_instead(&self, data: &[u8]) -> Option<usize> {
-        if self.text.is_empty() {
+        let shape = self.shape?;
+        let end = data.len().checked_sub(shape.after)?;
+        if end <= shape.before {
             return None;
         }
-        let before = &self.data[..self.text.start];
-        let after = &self.data[self.text.end..];
-        let end = data.len().checked_sub(after.len())?;
-        if end <= before.len() || data[..before.len()] != *before || data[end..] != *after {
-            return None;
-        }
-        let text = &data[before.len()..end];
+        let text = &data[shape.before..end];
         if text.iter().any(|&b| b == b'"' || b == b'\\' || b < 0x20) {
+            return None;
+        }
+        if bytes_hash(&data[..shape.before]) != shape.before_hash
+            || bytes_hash(&data[end..]) != shape.after_hash
+        {
             return None;
         }
         Some(std::str::from_utf8(text).ok()?.chars().count())
@@ -1116,11 +1141,17 @@ mod tests {
         let mut out = Vec::new();
         events.translate(chunk("first"), &mut out);
         events.translate(chunk("second"), &mut out);
-        let known = events.last_text.data.clone();
+        let known = event_data(&chunk("second")).into_owned();
         let learned: Value = serde_json::from_slice(&known).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(5);
         let mut told = 0;
-        let text = events.last_text.text.clone();
+        let at = memchr::memmem::find(&known, b"\"second\"").unwrap() + 1;
+        let text = at..at + "second".len();
+        let shape = events.last_text.shape.unwrap();
+        assert_eq!(
+            (shape.before, shape.after),
+            (text.start, known.len() - text.end)
+        );
         for _ in 0..5000 {
             let mut data = known.clone();
             for _ in 0..rng.random_range(1..4) {
