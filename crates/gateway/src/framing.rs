@@ -1,10 +1,54 @@
-//! HTTP/1.1 message framing that both kinds of connection share: the chunked transfer coding's
-//! decoding (answers from upstreams, request bodies from clients), bodies of a known length, and
-//! when a message ends its connection.
+//! HTTP/1.1 message framing that both kinds of connection share: reading a socket onto a
+//! connection's buffer, the chunked transfer coding's decoding (answers from upstreams, request
+//! bodies from clients), bodies of a known length, and when a message ends its connection.
+
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, InvalidHeaderName};
 use http::{header, HeaderMap, Version};
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// The most one read takes.
+const MAX_READ: usize = 64 * 1024;
+/// A read's size when the thread's scratch space cannot be had (only while the thread exits).
+const FALLBACK_READ: usize = 4096;
+
+thread_local! {
+    /// Where this thread's socket reads land before they are copied to their connection.
+    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0; MAX_READ].into_boxed_slice());
+}
+
+/// Reads what `io` has onto `buffer`; `Ok(0)` is the connection's end. The read lands in the
+/// thread's scratch space first and only what arrived is copied to the connection, so one read
+/// takes up to 64 KiB and a connection waiting for its next bytes holds no read buffer of that
+/// size.
+pub fn poll_read_into(
+    io: &mut (impl AsyncRead + Unpin),
+    buffer: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<usize>> {
+    let mut through = |scratch: &mut [u8]| {
+        let mut read = ReadBuf::new(scratch);
+        ready!(Pin::new(&mut *io).poll_read(cx, &mut read))?;
+        let filled = read.filled();
+        // When nothing waits in the buffer, what arrived goes into a new one of its own size,
+        // not into one of the size this connection's buffer once grew to: a stream holds its
+        // last read's buffer between events (5,000 streams held 3 MB more, BENCHMARKS.md).
+        match buffer.is_empty() {
+            true => *buffer = BytesMut::from(filled),
+            false => buffer.extend_from_slice(filled),
+        }
+        Poll::Ready(Ok(filled.len()))
+    };
+    let read = SCRATCH.try_with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => through(&mut scratch),
+        Err(_) => through(&mut [0; FALLBACK_READ]),
+    });
+    read.unwrap_or_else(|_| through(&mut [0; FALLBACK_READ]))
+}
 
 /// Header names that model providers and their clients send on nearly every message, read as
 /// these constants: a name outside the standard set costs no allocation, and a standard one

@@ -28,8 +28,6 @@ use crate::idle_poll;
 /// Request heads (request line and headers) larger than this get 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 128;
-/// The most one read takes; see [`SCRATCH`].
-const MAX_READ: usize = 64 * 1024;
 /// After an answer that ends a connection whose request was not read to its end, what the
 /// client still sends is read and dropped for this long (or this much), so that closing does not
 /// reset the connection under the answer before the client has read it.
@@ -295,7 +293,8 @@ impl Connection {
 
     /// Reads what the socket has onto the buffer; `Ok(0)` is the client's end.
     async fn read(&mut self) -> io::Result<usize> {
-        std::future::poll_fn(|cx| poll_read_into(&mut self.stream, &mut self.buffer, cx)).await
+        std::future::poll_fn(|cx| framing::poll_read_into(&mut self.stream, &mut self.buffer, cx))
+            .await
     }
 
     /// The handler's answer, or `None` when the client went away first (the handler is
@@ -636,36 +635,6 @@ async fn write_all_vectored(stream: &mut TcpStream, parts: &mut [IoSlice<'_>]) -
         }
     }
     Ok(())
-}
-
-/// Reads what `stream` has onto `buffer`. The read lands in the thread's scratch space and only
-/// what arrived is kept: a connection between requests holds no read buffer.
-fn poll_read_into(
-    stream: &mut TcpStream,
-    buffer: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    let mut through = |scratch: &mut [u8]| {
-        let mut read = ReadBuf::new(scratch);
-        match Pin::new(&mut *stream).poll_read(cx, &mut read) {
-            Poll::Ready(Ok(())) => {
-                buffer.extend_from_slice(read.filled());
-                Poll::Ready(Ok(read.filled().len()))
-            }
-            other => other.map_ok(|()| 0),
-        }
-    };
-    let read = SCRATCH.try_with(|scratch| match scratch.try_borrow_mut() {
-        Ok(mut scratch) => through(&mut scratch),
-        Err(_) => through(&mut [0; 4096]),
-    });
-    read.unwrap_or_else(|_| through(&mut [0; 4096]))
-}
-
-thread_local! {
-    /// Where this thread's client reads land before they are copied to their connection.
-    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0; MAX_READ].into_boxed_slice());
 }
 
 /// Parses a request head at the buffer's start and takes it; `None` until it is whole. Header

@@ -100,10 +100,6 @@ impl AsyncWrite for Io {
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
-/// The most one read takes.
-const MAX_READ: usize = 64 * 1024;
-/// A read's size when the thread's scratch space cannot be had (only while the thread exits).
-const FALLBACK_READ: usize = 4096;
 /// A request body up to this size is copied behind its head, so both go out in one buffer; a
 /// larger one goes out from where it is, head and body in one vectored write over plain TCP
 /// (a TLS connection takes them together up to [`TLS_ONE_WRITE`], one record).
@@ -244,41 +240,10 @@ impl Connection {
         }
     }
 
-    /// Reads what the socket has into the buffer; `Ok(0)` is the connection's end. The read
-    /// lands in the thread's scratch space first and only what arrived is copied here, so one
-    /// read takes a whole answer (up to 64 KiB) and a connection waiting for its next bytes
-    /// holds no read buffer.
+    /// Reads what the socket has into the buffer ([`framing::poll_read_into`]).
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
-        let read = SCRATCH.try_with(|scratch| match scratch.try_borrow_mut() {
-            Ok(mut scratch) => self.read_through(cx, &mut scratch),
-            Err(_) => self.read_through(cx, &mut [0; FALLBACK_READ]),
-        });
-        read.unwrap_or_else(|_| self.read_through(cx, &mut [0; FALLBACK_READ]))
+        framing::poll_read_into(&mut self.io, &mut self.buffer, cx)
     }
-
-    fn read_through(
-        &mut self,
-        cx: &mut Context<'_>,
-        scratch: &mut [u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let mut read = ReadBuf::new(scratch);
-        ready!(Pin::new(&mut self.io).poll_read(cx, &mut read))?;
-        let filled = read.filled();
-        // When nothing waits in the buffer, what arrived goes into a new one of its own size,
-        // not into one of the size this connection's buffer once grew to: a stream holds its
-        // last read's buffer between events (5,000 streams held 3 MB more, BENCHMARKS.md).
-        match self.buffer.is_empty() {
-            true => self.buffer = BytesMut::from(filled),
-            false => self.buffer.extend_from_slice(filled),
-        }
-        Poll::Ready(Ok(filled.len()))
-    }
-}
-
-thread_local! {
-    /// Where this thread's upstream reads land before they are copied to their connection.
-    static SCRATCH: std::cell::RefCell<Box<[u8]>> =
-        std::cell::RefCell::new(vec![0; MAX_READ].into_boxed_slice());
 }
 
 /// How much of a request went out before its connection failed.
