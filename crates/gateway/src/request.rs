@@ -104,9 +104,17 @@ fn place(raw: &[u8], part: &[u8]) -> Option<Range<usize>> {
     (end <= raw.len()).then_some(start..end)
 }
 
-/// The top-level members of a JSON object body, read without copying a name or a value.
+/// The top-level members of a JSON object body, read without copying a name or a value. The body
+/// is checked as UTF-8 once and read as text: read from bytes, serde_json checks every string it
+/// meets, and each member's raw value, again.
 fn members(raw: &[u8]) -> serde_json::Result<Vec<Field>> {
-    let mut deserializer = serde_json::Deserializer::from_slice(raw);
+    let text = std::str::from_utf8(raw).map_err(|error| {
+        de::Error::custom(format_args!(
+            "invalid UTF-8 at byte {}",
+            error.valid_up_to()
+        ))
+    })?;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
     let fields = deserializer.deserialize_map(Members { raw })?;
     deserializer.end()?;
     Ok(fields)
@@ -595,6 +603,14 @@ mod tests {
         assert_eq!(err.to_string(), "`model` must be a string");
         let err = parse(r#"[1,2]"#).err().unwrap();
         assert!(err.to_string().contains("a JSON object"), "{err}");
+        let bytes = b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"h\xffi\"}]}";
+        let err = ClientRequest::parse(Bytes::from_static(bytes), Operation::ChatCompletions)
+            .err()
+            .unwrap();
+        assert_eq!(
+            err.to_string(),
+            "the request body is not valid JSON: invalid UTF-8 at byte 52"
+        );
     }
 
     /// The members as serde_json reads them into owned names and boxed values (how the body
