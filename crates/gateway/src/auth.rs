@@ -1,7 +1,7 @@
 //! Client authentication: the key from any of the three accepted headers, looked up by its
 //! sha256 digest so the gateway never holds client keys in the clear.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use onedoor_config::{Key, Snapshot, Tenant};
 use sha2::{Digest, Sha256};
 
@@ -29,9 +29,11 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
             return Some(token);
         }
     }
-    ["api-key", "x-api-key"]
+    const API_KEY: HeaderName = HeaderName::from_static("api-key");
+    const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+    [API_KEY, X_API_KEY]
         .iter()
-        .filter_map(|name| headers.get(*name).and_then(|v| v.to_str().ok()))
+        .filter_map(|name| headers.get(name).and_then(|v| v.to_str().ok()))
         .map(str::trim)
         .find(|v| !v.is_empty())
 }

@@ -126,15 +126,16 @@ async fn observe(
 ) {
     let status = response.status().as_u16();
     let metrics = &runtime.metrics;
+    let code = error_code(response);
     metrics.answered(
         exchange.tenant.as_deref().unwrap_or("-"),
         exchange.alias.as_deref().unwrap_or("-"),
         status,
-        error_code(response),
+        code,
     );
     metrics.activity.answered(&Answered {
         status,
-        code: error_code(response),
+        code,
         tenant: exchange.tenant.as_deref(),
         alias: exchange.alias.as_deref(),
         backend: exchange
@@ -245,17 +246,11 @@ fn models(snapshot: &Snapshot, tenant: &Tenant) -> Response<Body> {
     response
 }
 
-/// Reads the body, refusing it from its Content-Length when that is already over the limit.
+/// Reads the body; one still to come is refused from its Content-Length when that is already
+/// over the limit.
 async fn read_body(request: Request<RequestBody>, limit: u64) -> Result<Bytes, GatewayError> {
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(GatewayError::RequestTooLarge { limit });
-    }
-    let incoming = match request.into_body() {
+    let (parts, body) = request.into_parts();
+    let incoming = match body {
         RequestBody::Whole(bytes) if bytes.len() as u64 > limit => {
             return Err(GatewayError::RequestTooLarge { limit })
         }
@@ -263,6 +258,14 @@ async fn read_body(request: Request<RequestBody>, limit: u64) -> Result<Bytes, G
         RequestBody::TooLarge => return Err(GatewayError::RequestTooLarge { limit }),
         RequestBody::Streamed(incoming) => incoming,
     };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit) {
+        return Err(GatewayError::RequestTooLarge { limit });
+    }
     let limited = Limited::new(incoming, usize::try_from(limit).unwrap_or(usize::MAX));
     match limited.collect().await {
         Ok(collected) => Ok(collected.to_bytes()),

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use http::{header, HeaderMap, HeaderValue, Response};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response};
 use onedoor_config::{Alias, BackendId, Tenant};
 use onedoor_state::{now_ms, State};
 
@@ -23,6 +23,8 @@ use crate::router::{Excluded, Plan};
 use crate::runtime::Runtime;
 
 pub const HEADER: &str = "x-onedoor-session";
+/// [`HEADER`] as a header name, made once: a name given as text is checked at every lookup.
+const HEADER_NAME: HeaderName = HeaderName::from_static(HEADER);
 pub const COOKIE: &str = "onedoor-session";
 /// A session is forgotten this long after its last request.
 pub const SESSION_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -31,7 +33,7 @@ const PREFIX: &str = "ods_";
 
 /// The session token a request carries: the header, else the cookie.
 pub fn presented(headers: &HeaderMap) -> Option<String> {
-    if let Some(token) = headers.get(HEADER).and_then(|v| v.to_str().ok()) {
+    if let Some(token) = headers.get(HEADER_NAME).and_then(|v| v.to_str().ok()) {
         return Some(token.trim().to_owned());
     }
     headers
@@ -178,7 +180,7 @@ impl Session {
         runtime.state.pin(&key(&tenant, &token), &name, ttl).await;
         let headers = response.headers_mut();
         if let Ok(value) = HeaderValue::from_str(&token) {
-            headers.insert(HEADER, value);
+            headers.insert(HEADER_NAME, value);
         }
         let cookie = format!(
             "{COOKIE}={token}; Path=/; Max-Age={}; HttpOnly; SameSite=Lax",
