@@ -198,7 +198,7 @@ pub fn insert_retry_after(headers: &mut http::HeaderMap, wait: Duration) {
     let ms = wait.as_millis().max(1) as u64;
     let secs = ms.div_ceil(1000).max(1);
     headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    headers.insert("retry-after-ms", HeaderValue::from(ms));
+    headers.insert(crate::outcome::RETRY_AFTER_MS, HeaderValue::from(ms));
 }
 
 #[cfg(test)]

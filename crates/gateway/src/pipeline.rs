@@ -577,6 +577,8 @@ fn respond(
 
 /// `x-onedoor-usage`: whether the answer's usage was measured or estimated.
 const USAGE: HeaderName = HeaderName::from_static("x-onedoor-usage");
+/// `x-accel-buffering: no` asks a proxy in front of the gateway not to hold a stream's events.
+const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering");
 
 /// The response head of an SSE stream to the caller. Its usage is known only when it ends (a
 /// final SSE comment tells it): `x-onedoor-usage: measured` is sent up front only when the
@@ -596,7 +598,7 @@ fn stream_response(body: Body, dialect: Dialect, measured: bool) -> Response<Bod
         HeaderValue::from_static("text/event-stream"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    headers.insert(ACCEL_BUFFERING, HeaderValue::from_static("no"));
     response
 }
 
