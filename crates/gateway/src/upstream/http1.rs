@@ -189,7 +189,7 @@ impl Connection {
         let keep_alive = !close_asked
             && framing != Framing::Close
             && head.status != StatusCode::SWITCHING_PROTOCOLS
-            && !wants_close(&head.headers, head.version);
+            && !head.wire.closes(head.version);
         let mut response = Response::new(Body {
             connection: self,
             framing,
@@ -300,32 +300,116 @@ fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
     (head, body.clone())
 }
 
-/// The answer headers the gateway reads: the framing's, the content type, the retry hints
+/// The answer headers the gateway reads: the content type, the retry hints
 /// ([`outcome::retry_after`]) and the backend's remaining quota ([`headroom::Load::observe`]).
 /// The others are left out of the head as it is read: an Azure answer carries a dozen more
-/// (request ids, region, content-filter flags), each hashed and stored for nobody.
-static READ: [HeaderName; 8] = [
+/// (request ids, region, content-filter flags), each hashed and stored for nobody. The framing
+/// headers ([`FRAMING`]) are read as the head is parsed, into its [`Wire`].
+static READ: [HeaderName; 5] = [
     header::CONTENT_TYPE,
-    header::CONTENT_LENGTH,
-    header::TRANSFER_ENCODING,
-    header::CONNECTION,
     header::RETRY_AFTER,
     outcome::RETRY_AFTER_MS,
     headroom::REMAINING_REQUESTS,
     headroom::REMAINING_TOKENS,
 ];
 
-/// The name of a header the gateway reads, as read off the wire in any case; `None` for others.
-fn read_name(name: &[u8]) -> Option<HeaderName> {
+/// The headers that say how the answer's body ends and whether the connection stays open.
+static FRAMING: [HeaderName; 3] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+];
+
+/// Where a header read off the wire, in any case, goes.
+enum Field {
+    /// Into the head's map, under this name.
+    Kept(HeaderName),
+    /// Into the head's [`Wire`]: the index in [`FRAMING`].
+    Framing(usize),
+    Skipped,
+}
+
+fn field(name: &[u8]) -> Field {
+    let same = |known: &HeaderName| known.as_str().as_bytes().eq_ignore_ascii_case(name);
+    if let Some(at) = FRAMING.iter().position(same) {
+        return Field::Framing(at);
+    }
     READ.iter()
-        .find(|read| read.as_str().as_bytes().eq_ignore_ascii_case(name))
-        .cloned()
+        .find(|known| same(known))
+        .map_or(Field::Skipped, |known| Field::Kept(known.clone()))
+}
+
+/// What an answer's framing headers said, read as its head was parsed (no map lookups after).
+#[derive(Debug)]
+struct Wire {
+    /// The one `content-length` (repeats must agree); `Err` when it cannot be used.
+    length: Result<Option<u64>, &'static str>,
+    /// A `transfer-encoding` was there.
+    coded: bool,
+    /// The last transfer coding of the last `transfer-encoding` is `chunked`.
+    chunked: bool,
+    /// A `connection` token `close`, or `keep-alive`.
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Wire {
+    fn new() -> Wire {
+        Wire {
+            length: Ok(None),
+            coded: false,
+            chunked: false,
+            close: false,
+            keep_alive: false,
+        }
+    }
+
+    /// Takes in one framing header's value: `which` indexes [`FRAMING`].
+    fn read(&mut self, which: usize, value: &[u8]) {
+        // As `HeaderValue::to_str` reads values: visible ASCII only.
+        let text = std::str::from_utf8(value).ok().filter(|t| t.is_ascii());
+        match which {
+            0 => self.length = self.length.and_then(|known| length(text, known)),
+            1 => {
+                self.coded = true;
+                self.chunked = text
+                    .and_then(|t| t.rsplit(',').next())
+                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            }
+            _ => {
+                for token in text.into_iter().flat_map(|t| t.split(',')).map(str::trim) {
+                    self.close |= token.eq_ignore_ascii_case("close");
+                    self.keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+                }
+            }
+        }
+    }
+
+    /// Whether the answer closes the connection after it ([`framing::wants_close`]'s rule).
+    fn closes(&self, version: Version) -> bool {
+        match version {
+            Version::HTTP_10 => !self.keep_alive,
+            _ => self.close,
+        }
+    }
+}
+
+/// A `content-length` value after `known` (the one read before, if any).
+fn length(text: Option<&str>, known: Option<u64>) -> Result<Option<u64>, &'static str> {
+    let length = text
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .ok_or("an invalid content-length")?;
+    match known {
+        Some(before) if before != length => Err("differing content-length headers"),
+        _ => Ok(Some(length)),
+    }
 }
 
 struct Head {
     status: StatusCode,
     version: Version,
     headers: HeaderMap,
+    wire: Wire,
 }
 
 /// Parses an answer head at the buffer's start and consumes it; `None` until it is whole.
@@ -352,12 +436,16 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     // Header values stay in the bytes read: their ranges now, their slices once the head is taken.
     let start = buffer.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
-    for field in parsed.headers.iter() {
-        let Some(name) = read_name(field.name.as_bytes()) else {
-            continue;
-        };
-        let at = field.value.as_ptr() as usize - start;
-        fields.push((name, at..at + field.value.len()));
+    let mut wire = Wire::new();
+    for header in parsed.headers.iter() {
+        match field(header.name.as_bytes()) {
+            Field::Kept(name) => {
+                let at = header.value.as_ptr() as usize - start;
+                fields.push((name, at..at + header.value.len()));
+            }
+            Field::Framing(which) => wire.read(which, header.value),
+            Field::Skipped => {}
+        }
     }
     let head = buffer.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(fields.len());
@@ -370,6 +458,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
         status,
         version,
         headers,
+        wire,
     }))
 }
 
@@ -383,14 +472,16 @@ fn framing(head: &Head, head_request: bool) -> Result<Framing, String> {
     {
         return Ok(Framing::Done);
     }
-    if framing::is_chunked(&head.headers) {
+    if head.wire.chunked {
         return Ok(Framing::Chunked(Chunked::Size));
     }
-    if head.headers.contains_key(header::TRANSFER_ENCODING) {
+    if head.wire.coded {
         return Ok(Framing::Close);
     }
-    let length =
-        framing::content_length(&head.headers).map_err(|e| format!("the answer has {e}"))?;
+    let length = head
+        .wire
+        .length
+        .map_err(|e| format!("the answer has {e}"))?;
     Ok(match length {
         None => Framing::Close,
         Some(0) => Framing::Done,
@@ -523,9 +614,27 @@ mod tests {
         );
         let open = head(b"HTTP/1.0 200 OK\r\n\r\n");
         assert_eq!(framing(&open, false).unwrap(), Framing::Close);
-        assert!(wants_close(&open.headers, open.version));
+        assert!(open.wire.closes(open.version));
         let twice = head(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n");
         assert!(framing(&twice, false).is_err());
+        let agreeing = head(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\ncontent-length:  3 \r\n\r\n");
+        assert_eq!(framing(&agreeing, false).unwrap(), Framing::Length(3));
+        let invalid = head(b"HTTP/1.1 200 OK\r\ncontent-length: 3x\r\n\r\n");
+        assert!(framing(&invalid, false).is_err());
+        // The last coding of the last transfer-encoding decides; any other ends with the connection.
+        let gzip = head(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n",
+        );
+        assert_eq!(framing(&gzip, false).unwrap(), Framing::Close);
+        let kept = head(b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\ncontent-length: 0\r\n\r\n");
+        assert!(!kept.wire.closes(kept.version));
+        let closing = head(b"HTTP/1.1 200 OK\r\nconnection: upgrade, Close\r\n\r\n");
+        assert!(closing.wire.closes(closing.version));
+        assert!(!ok.wire.closes(ok.version));
+        assert!(
+            closing.headers.is_empty(),
+            "framing headers stay out of the map"
+        );
         let none = head(b"HTTP/1.1 204 No Content\r\n\r\n");
         assert_eq!(framing(&none, false).unwrap(), Framing::Done);
         assert!(
@@ -549,7 +658,6 @@ mod tests {
         assert_eq!(
             kept,
             [
-                "content-length",
                 "content-type",
                 "retry-after-ms",
                 "x-ratelimit-remaining-requests",
