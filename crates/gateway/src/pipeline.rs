@@ -70,7 +70,17 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
     // `x-onedoor-attempts`, and the usage record's trail.
     let attempts = exchange.trail.header();
     let mut response = decorate(response, &id, &attempts, &exchange, &runtime);
-    observe(&runtime, &id, &mut exchange, &mut response, started).await;
+    // Read once for the metrics, the access log and the usage record.
+    let error = error_code(&response).map(str::to_owned);
+    observe(
+        &runtime,
+        &id,
+        &mut exchange,
+        &mut response,
+        error.as_deref(),
+        started,
+    )
+    .await;
     let entered = exchange.entered.take();
     let (tenant, key_id) = (exchange.tenant.take(), exchange.key_id.take());
     // Requests with a caller get their access-log line with their usage record, which takes
@@ -87,6 +97,7 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
             backend: exchange.backend,
             deployment: exchange.deployment.take(),
             attempts,
+            error,
             estimate: exchange.estimate,
             tokens: exchange.tokens,
             usage: exchange.usage.clone(),
@@ -100,7 +111,7 @@ pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Res
     }
     if unrecorded && (response.status().is_client_error() || response.status().is_server_error()) {
         let status = response.status().as_u16();
-        let mut line = Line::refused(&id, arrived_ms, status, error_code(&response));
+        let mut line = Line::refused(&id, arrived_ms, status, error.as_deref());
         line.alias = exchange.alias.as_deref();
         line.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         access_log::write(&line);
@@ -122,11 +133,11 @@ async fn observe(
     id: &str,
     exchange: &mut Exchange,
     response: &mut Response<Body>,
+    code: Option<&str>,
     started: Instant,
 ) {
     let status = response.status().as_u16();
     let metrics = &runtime.metrics;
-    let code = error_code(response);
     metrics.answered(
         exchange.tenant.as_deref().unwrap_or("-"),
         exchange.alias.as_deref().unwrap_or("-"),

@@ -75,6 +75,8 @@ pub struct Ended {
     pub deployment: Option<String>,
     /// `x-onedoor-attempts`.
     pub attempts: String,
+    /// The answer's `x-onedoor-error`, when it is one of the gateway's errors.
+    pub error: Option<String>,
     pub estimate: Estimate,
     /// A whole answer's usage, when the upstream reported it.
     pub tokens: Option<Tokens>,
@@ -108,11 +110,7 @@ pub fn hand_off(runtime: &Runtime, mut ended: Ended, response: Response<Body>) -
     pending.metrics = Some(runtime.metrics.clone());
     pending.entered = ended.entered.take();
     pending.span = ended.span.take();
-    pending.error = response
-        .headers()
-        .get(crate::errors::ERROR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    pending.error = ended.error.take();
     if !stream {
         let tokens = ended
             .tokens
