@@ -267,37 +267,96 @@ pub fn wants_close(headers: &HeaderMap, version: Version) -> bool {
     }
 }
 
-/// Whether the last transfer coding these headers name is `chunked`.
-pub fn is_chunked(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.rsplit(',').next())
-        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+/// A header that frames a message or says whether its connection stays open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framed {
+    Length,
+    Coding,
+    Connection,
 }
 
-/// The one `content-length` these headers give (repeats must agree); `Ok(None)` without one.
-pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, &'static str> {
-    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-    let Some(first) = lengths.next() else {
-        return Ok(None);
-    };
-    let parse = |value: &http::HeaderValue| {
-        value
-            .to_str()
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-            .ok_or("an invalid content-length")
-    };
-    let length = parse(first)?;
-    for other in lengths {
-        if parse(other)? != length {
-            return Err("differing content-length headers");
+impl Framed {
+    pub fn of(name: &HeaderName) -> Option<Framed> {
+        if name == header::CONTENT_LENGTH {
+            Some(Framed::Length)
+        } else if name == header::TRANSFER_ENCODING {
+            Some(Framed::Coding)
+        } else if name == header::CONNECTION {
+            Some(Framed::Connection)
+        } else {
+            None
         }
     }
-    Ok(Some(length))
+}
+
+/// What a message's framing headers said, read as its head is parsed, so nothing looks them up
+/// in a header map afterwards: the one `content-length` (repeats must agree), whether the last
+/// transfer coding is `chunked`, and whether the connection ends ([`wants_close`]'s rule).
+#[derive(Debug)]
+pub struct Wire {
+    /// The one `content-length` (repeats must agree); `Err` when it cannot be used.
+    pub length: Result<Option<u64>, &'static str>,
+    /// A `transfer-encoding` was there.
+    pub coded: bool,
+    /// The last transfer coding of the last `transfer-encoding` is `chunked`.
+    pub chunked: bool,
+    /// A `connection` token `close`, or `keep-alive`.
+    close: bool,
+    keep_alive: bool,
+}
+
+impl Default for Wire {
+    fn default() -> Wire {
+        Wire {
+            length: Ok(None),
+            coded: false,
+            chunked: false,
+            close: false,
+            keep_alive: false,
+        }
+    }
+}
+
+impl Wire {
+    /// Takes in one framing header's value, in the order the head gives them.
+    pub fn read(&mut self, framed: Framed, value: &[u8]) {
+        // As `HeaderValue::to_str` reads values: visible ASCII only.
+        let text = std::str::from_utf8(value).ok().filter(|t| t.is_ascii());
+        match framed {
+            Framed::Length => self.length = self.length.and_then(|known| length(text, known)),
+            Framed::Coding => {
+                self.coded = true;
+                self.chunked = text
+                    .and_then(|t| t.rsplit(',').next())
+                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            }
+            Framed::Connection => {
+                for token in text.into_iter().flat_map(|t| t.split(',')).map(str::trim) {
+                    self.close |= token.eq_ignore_ascii_case("close");
+                    self.keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+                }
+            }
+        }
+    }
+
+    /// Whether the message ends its connection ([`wants_close`]'s rule).
+    pub fn closes(&self, version: Version) -> bool {
+        match version {
+            Version::HTTP_10 => !self.keep_alive,
+            _ => self.close,
+        }
+    }
+}
+
+/// A `content-length` value after `known` (the one read before, if any).
+fn length(text: Option<&str>, known: Option<u64>) -> Result<Option<u64>, &'static str> {
+    let length = text
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .ok_or("an invalid content-length")?;
+    match known {
+        Some(before) if before != length => Err("differing content-length headers"),
+        _ => Ok(Some(length)),
+    }
 }
 
 /// Test support for the HTTP/1.1 readers of both ports: `bytes` damaged one to three times, by a
@@ -408,27 +467,59 @@ mod tests {
         assert!(!wants_close(&headers, Version::HTTP_10));
     }
 
+    /// A head's framing headers, in order, read into a [`Wire`].
+    fn wire(fields: &[(&str, &str)]) -> Wire {
+        let mut wire = Wire::default();
+        for (name, value) in fields {
+            let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+            wire.read(Framed::of(&name).unwrap(), value.as_bytes());
+        }
+        wire
+    }
+
     #[test]
     fn lengths_must_agree_and_the_last_coding_says_chunked() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(content_length(&headers), Ok(None));
-        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("12"));
-        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static(" 12"));
-        assert_eq!(content_length(&headers), Ok(Some(12)));
-        headers.append(header::CONTENT_LENGTH, HeaderValue::from_static("13"));
-        assert!(content_length(&headers).is_err());
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("-1"));
-        assert!(content_length(&headers).is_err());
-        headers.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("gzip, chunked"),
-        );
-        assert!(is_chunked(&headers));
-        headers.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked, gzip"),
-        );
-        assert!(!is_chunked(&headers));
+        assert_eq!(wire(&[]).length, Ok(None));
+        let agreeing = wire(&[("content-length", "12"), ("Content-Length", " 12")]);
+        assert_eq!(agreeing.length, Ok(Some(12)));
+        let differing = wire(&[("content-length", "12"), ("content-length", "13")]);
+        assert!(differing.length.is_err());
+        assert!(wire(&[("content-length", "-1")]).length.is_err());
+        assert!(wire(&[("content-length", "1\u{e9}")]).length.is_err());
+        let gzip_chunked = wire(&[("transfer-encoding", "gzip, chunked")]);
+        assert!(gzip_chunked.coded && gzip_chunked.chunked);
+        let chunked_gzip = wire(&[("transfer-encoding", "chunked, gzip")]);
+        assert!(chunked_gzip.coded && !chunked_gzip.chunked);
+        let last_decides = wire(&[
+            ("transfer-encoding", "chunked"),
+            ("transfer-encoding", "gzip"),
+        ]);
+        assert!(!last_decides.chunked);
+        assert!(!wire(&[]).coded);
+    }
+
+    #[test]
+    fn a_wire_closes_as_wants_close_does() {
+        for (connection, version) in [
+            (None, Version::HTTP_11),
+            (None, Version::HTTP_10),
+            (Some("Keep-Alive, Close"), Version::HTTP_11),
+            (Some("keep-alive"), Version::HTTP_10),
+            (Some("upgrade"), Version::HTTP_10),
+            (Some(" close "), Version::HTTP_11),
+        ] {
+            let mut headers = HeaderMap::new();
+            let mut read = Wire::default();
+            if let Some(value) = connection {
+                headers.insert(header::CONNECTION, HeaderValue::from_static(value));
+                read.read(Framed::Connection, value.as_bytes());
+            }
+            assert_eq!(
+                read.closes(version),
+                wants_close(&headers, version),
+                "{connection:?} {version:?}"
+            );
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
 
 use crate::body::{Body, RequestBody};
-use crate::framing::{self, Chunked, Step};
+use crate::framing::{self, Chunked, Framed, Step, Wire};
 use crate::idle_poll;
 
 /// Request heads (request line and headers) larger than this get 431.
@@ -147,21 +147,13 @@ struct Head {
     version: Version,
     headers: HeaderMap,
     framing: Framing,
+    /// What the head's `connection`, `expect` and `upgrade` said, read as it was parsed.
+    close: bool,
+    expects_continue: bool,
+    asks_upgrade: bool,
 }
 
 impl Head {
-    fn expects_continue(&self) -> bool {
-        self.version == Version::HTTP_11
-            && self
-                .headers
-                .get(header::EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
-    }
-
-    fn asks_upgrade(&self) -> bool {
-        self.headers.contains_key(header::UPGRADE)
-    }
-
     fn into_request(
         self,
         body: RequestBody,
@@ -173,10 +165,10 @@ impl Head {
         let exchange = Exchange {
             version: self.version,
             head_request: self.method == Method::HEAD,
-            close: framing::wants_close(&self.headers, self.version),
+            close: self.close,
             body_read: !matches!(body, RequestBody::TooLarge),
         };
-        let upgrade = self.asks_upgrade();
+        let upgrade = self.asks_upgrade;
         let mut request = Request::new(body);
         *request.method_mut() = self.method;
         *request.uri_mut() = self.uri;
@@ -236,7 +228,7 @@ impl Connection {
             Framing::Length(n) => Some(n as usize),
             Framing::Chunked => None,
         };
-        if head.expects_continue() && self.buffer.len() < declared.unwrap_or(1) {
+        if head.expects_continue && self.buffer.len() < declared.unwrap_or(1) {
             self.stream
                 .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
                 .await?;
@@ -664,10 +656,17 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         _ => Version::HTTP_11,
     };
     let mut fields: Vec<(HeaderName, Range<usize>)> = Vec::with_capacity(parsed.headers.len());
-    let mut framed = false;
+    let mut wire = Wire::default();
+    let (mut expects_continue, mut asks_upgrade) = (false, false);
     for field in parsed.headers.iter() {
         let name = crate::framing::header_name(field.name.as_bytes()).map_err(|_| bad)?;
-        framed |= name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING;
+        if let Some(framed) = Framed::of(&name) {
+            wire.read(framed, field.value);
+        } else if name == header::EXPECT {
+            expects_continue |= field.value.eq_ignore_ascii_case(b"100-continue");
+        } else if name == header::UPGRADE {
+            asks_upgrade = true;
+        }
         fields.push((name, within(field.value)));
     }
     let head = buffer.split_to(length).freeze();
@@ -677,26 +676,26 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         let value = HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| bad)?;
         headers.append(name, value);
     }
-    let framing = match framed {
-        true => body_framing(&headers).ok_or(bad)?,
-        false => Framing::Length(0),
-    };
+    let framing = body_framing(&wire).ok_or(bad)?;
     Ok(Some(Head {
         method,
         uri,
         version,
         headers,
         framing,
+        close: wire.closes(version),
+        expects_continue: expects_continue && version == Version::HTTP_11,
+        asks_upgrade,
     }))
 }
 
 /// How the request's body is framed; `None` when that cannot be told safely (both a length and
 /// a transfer coding, a coding other than chunked last, lengths that differ).
-fn body_framing(headers: &HeaderMap) -> Option<Framing> {
-    let length = framing::content_length(headers).ok()?;
-    match (headers.contains_key(header::TRANSFER_ENCODING), length) {
+fn body_framing(wire: &Wire) -> Option<Framing> {
+    let length = wire.length.ok()?;
+    match (wire.coded, length) {
         (true, Some(_)) => None,
-        (true, None) => framing::is_chunked(headers).then_some(Framing::Chunked),
+        (true, None) => wire.chunked.then_some(Framing::Chunked),
         (false, length) => Some(Framing::Length(length.unwrap_or(0))),
     }
 }

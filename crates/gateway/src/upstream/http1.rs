@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::framing::{self, wants_close, Chunked, Step};
+use crate::framing::{self, wants_close, Chunked, Framed, Step, Wire};
 use crate::{headroom, outcome};
 
 /// The connector's socket: plain TCP as it is, rustls over it boxed (a TLS session is some
@@ -314,95 +314,29 @@ static READ: [HeaderName; 5] = [
 ];
 
 /// The headers that say how the answer's body ends and whether the connection stays open.
-static FRAMING: [HeaderName; 3] = [
-    header::CONTENT_LENGTH,
-    header::TRANSFER_ENCODING,
-    header::CONNECTION,
+static FRAMING: [(HeaderName, Framed); 3] = [
+    (header::CONTENT_LENGTH, Framed::Length),
+    (header::TRANSFER_ENCODING, Framed::Coding),
+    (header::CONNECTION, Framed::Connection),
 ];
 
 /// Where a header read off the wire, in any case, goes.
 enum Field {
     /// Into the head's map, under this name.
     Kept(HeaderName),
-    /// Into the head's [`Wire`]: the index in [`FRAMING`].
-    Framing(usize),
+    /// Into the head's [`Wire`].
+    Framing(Framed),
     Skipped,
 }
 
 fn field(name: &[u8]) -> Field {
     let same = |known: &HeaderName| known.as_str().as_bytes().eq_ignore_ascii_case(name);
-    if let Some(at) = FRAMING.iter().position(same) {
-        return Field::Framing(at);
+    if let Some((_, framed)) = FRAMING.iter().find(|(known, _)| same(known)) {
+        return Field::Framing(*framed);
     }
     READ.iter()
         .find(|known| same(known))
         .map_or(Field::Skipped, |known| Field::Kept(known.clone()))
-}
-
-/// What an answer's framing headers said, read as its head was parsed (no map lookups after).
-#[derive(Debug)]
-struct Wire {
-    /// The one `content-length` (repeats must agree); `Err` when it cannot be used.
-    length: Result<Option<u64>, &'static str>,
-    /// A `transfer-encoding` was there.
-    coded: bool,
-    /// The last transfer coding of the last `transfer-encoding` is `chunked`.
-    chunked: bool,
-    /// A `connection` token `close`, or `keep-alive`.
-    close: bool,
-    keep_alive: bool,
-}
-
-impl Wire {
-    fn new() -> Wire {
-        Wire {
-            length: Ok(None),
-            coded: false,
-            chunked: false,
-            close: false,
-            keep_alive: false,
-        }
-    }
-
-    /// Takes in one framing header's value: `which` indexes [`FRAMING`].
-    fn read(&mut self, which: usize, value: &[u8]) {
-        // As `HeaderValue::to_str` reads values: visible ASCII only.
-        let text = std::str::from_utf8(value).ok().filter(|t| t.is_ascii());
-        match which {
-            0 => self.length = self.length.and_then(|known| length(text, known)),
-            1 => {
-                self.coded = true;
-                self.chunked = text
-                    .and_then(|t| t.rsplit(',').next())
-                    .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            }
-            _ => {
-                for token in text.into_iter().flat_map(|t| t.split(',')).map(str::trim) {
-                    self.close |= token.eq_ignore_ascii_case("close");
-                    self.keep_alive |= token.eq_ignore_ascii_case("keep-alive");
-                }
-            }
-        }
-    }
-
-    /// Whether the answer closes the connection after it ([`framing::wants_close`]'s rule).
-    fn closes(&self, version: Version) -> bool {
-        match version {
-            Version::HTTP_10 => !self.keep_alive,
-            _ => self.close,
-        }
-    }
-}
-
-/// A `content-length` value after `known` (the one read before, if any).
-fn length(text: Option<&str>, known: Option<u64>) -> Result<Option<u64>, &'static str> {
-    let length = text
-        .and_then(|t| t.trim().parse::<u64>().ok())
-        .ok_or("an invalid content-length")?;
-    match known {
-        Some(before) if before != length => Err("differing content-length headers"),
-        _ => Ok(Some(length)),
-    }
 }
 
 struct Head {
@@ -436,14 +370,14 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     // Header values stay in the bytes read: their ranges now, their slices once the head is taken.
     let start = buffer.as_ptr() as usize;
     let mut fields = Vec::with_capacity(parsed.headers.len());
-    let mut wire = Wire::new();
+    let mut wire = Wire::default();
     for header in parsed.headers.iter() {
         match field(header.name.as_bytes()) {
             Field::Kept(name) => {
                 let at = header.value.as_ptr() as usize - start;
                 fields.push((name, at..at + header.value.len()));
             }
-            Field::Framing(which) => wire.read(which, header.value),
+            Field::Framing(framed) => wire.read(framed, header.value),
             Field::Skipped => {}
         }
     }
