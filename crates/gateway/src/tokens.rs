@@ -202,13 +202,12 @@ impl Estimator {
     /// The prompt tokens of a chat request's `messages` (and `tools`, `functions`, Anthropic's
     /// top-level `system`); `None` when they are not in a shape this counts.
     pub fn chat(&self, request: ChatFields<'_>) -> Option<u64> {
-        let messages: Vec<Message<'_>> = serde_json::from_slice(request.messages?).ok()?;
-        let mut total = REPLY_PRIMING;
+        let mut read = serde_json::Deserializer::from_slice(request.messages?);
+        let messages = de::DeserializeSeed::deserialize(Messages(self), &mut read).ok()?;
+        read.end().ok()?;
+        let mut total = REPLY_PRIMING + messages;
         if let Some(system) = request.system {
             total += TOKENS_PER_MESSAGE + self.text("system") + self.content(system)?;
-        }
-        for message in &messages {
-            total += self.message(message)?;
         }
         let tools = [request.tools, request.functions];
         for list in tools.into_iter().flatten() {
@@ -443,6 +442,37 @@ fn loading(encoding: Encoding) -> &'static Loading {
     match encoding {
         Encoding::Cl100k => &CL100K,
         Encoding::O200k | Encoding::Approximate => &O200K,
+    }
+}
+
+/// The tokens of a `messages` array, each message counted as it is read: no list of them is
+/// built. An element that is not a message fails the whole read, as it failed the list's.
+struct Messages<'e>(&'e Estimator);
+
+impl<'de> de::DeserializeSeed<'de> for Messages<'_> {
+    type Value = u64;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<u64, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Messages<'_> {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+        let mut total = 0;
+        while let Some(message) = seq.next_element::<Message<'de>>()? {
+            total += self
+                .0
+                .message(&message)
+                .ok_or_else(|| de::Error::custom("a message this does not count"))?;
+        }
+        Ok(total)
     }
 }
 
