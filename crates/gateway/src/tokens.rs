@@ -216,7 +216,7 @@ impl Estimator {
         Some(total)
     }
 
-    fn message(&self, message: &Message<'_>) -> Option<u64> {
+    fn message(&self, message: &Message<'_>) -> u64 {
         let strings = [&message.role, &message.tool_call_id, &message.refusal];
         let mut total = TOKENS_PER_MESSAGE
             + strings
@@ -236,7 +236,7 @@ impl Estimator {
                 + call.name.as_deref().map_or(0, |n| self.text(n))
                 + call.arguments.as_deref().map_or(0, |a| self.text(a));
         }
-        Some(total)
+        total
     }
 
     /// A message content (its JSON): a string, or parts (text, images; other kinds count
@@ -467,10 +467,7 @@ impl<'de> Visitor<'de> for Messages<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
         let mut total = 0;
         while let Some(message) = seq.next_element::<Message<'de>>()? {
-            total += self
-                .0
-                .message(&message)
-                .ok_or_else(|| de::Error::custom("a message this does not count"))?;
+            total += self.0.message(&message);
         }
         Ok(total)
     }
