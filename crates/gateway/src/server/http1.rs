@@ -657,13 +657,14 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
     };
     let mut fields: Vec<(HeaderName, Range<usize>)> = Vec::with_capacity(parsed.headers.len());
     let mut wire = Wire::default();
-    let (mut expects_continue, mut asks_upgrade) = (false, false);
+    // `expect` as its first value says it, as a map lookup reads it.
+    let (mut expect, mut asks_upgrade) = (None, false);
     for field in parsed.headers.iter() {
         let name = crate::framing::header_name(field.name.as_bytes()).map_err(|_| bad)?;
         if let Some(framed) = Framed::of(&name) {
             wire.read(framed, field.value);
         } else if name == header::EXPECT {
-            expects_continue |= field.value.eq_ignore_ascii_case(b"100-continue");
+            expect.get_or_insert(field.value.eq_ignore_ascii_case(b"100-continue"));
         } else if name == header::UPGRADE {
             asks_upgrade = true;
         }
@@ -684,7 +685,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         headers,
         framing,
         close: wire.closes(version),
-        expects_continue: expects_continue && version == Version::HTTP_11,
+        expects_continue: expect == Some(true) && version == Version::HTTP_11,
         asks_upgrade,
     }))
 }
