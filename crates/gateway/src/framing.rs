@@ -276,16 +276,20 @@ pub enum Framed {
 }
 
 impl Framed {
-    pub fn of(name: &HeaderName) -> Option<Framed> {
-        if name == header::CONTENT_LENGTH {
-            Some(Framed::Length)
-        } else if name == header::TRANSFER_ENCODING {
-            Some(Framed::Coding)
-        } else if name == header::CONNECTION {
-            Some(Framed::Connection)
-        } else {
-            None
+    pub const ALL: [Framed; 3] = [Framed::Length, Framed::Coding, Framed::Connection];
+
+    pub fn name(self) -> HeaderName {
+        match self {
+            Framed::Length => header::CONTENT_LENGTH,
+            Framed::Coding => header::TRANSFER_ENCODING,
+            Framed::Connection => header::CONNECTION,
         }
+    }
+
+    pub fn of(name: &HeaderName) -> Option<Framed> {
+        Framed::ALL
+            .into_iter()
+            .find(|framed| *name == framed.name())
     }
 }
 

@@ -304,20 +304,13 @@ fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
 /// ([`outcome::retry_after`]) and the backend's remaining quota ([`headroom::Load::observe`]).
 /// The others are left out of the head as it is read: an Azure answer carries a dozen more
 /// (request ids, region, content-filter flags), each hashed and stored for nobody. The framing
-/// headers ([`FRAMING`]) are read as the head is parsed, into its [`Wire`].
+/// headers ([`Framed`]) are read as the head is parsed, into its [`Wire`].
 static READ: [HeaderName; 5] = [
     header::CONTENT_TYPE,
     header::RETRY_AFTER,
     outcome::RETRY_AFTER_MS,
     headroom::REMAINING_REQUESTS,
     headroom::REMAINING_TOKENS,
-];
-
-/// The headers that say how the answer's body ends and whether the connection stays open.
-static FRAMING: [(HeaderName, Framed); 3] = [
-    (header::CONTENT_LENGTH, Framed::Length),
-    (header::TRANSFER_ENCODING, Framed::Coding),
-    (header::CONNECTION, Framed::Connection),
 ];
 
 /// Where a header read off the wire, in any case, goes.
@@ -331,8 +324,8 @@ enum Field {
 
 fn field(name: &[u8]) -> Field {
     let same = |known: &HeaderName| known.as_str().as_bytes().eq_ignore_ascii_case(name);
-    if let Some((_, framed)) = FRAMING.iter().find(|(known, _)| same(known)) {
-        return Field::Framing(*framed);
+    if let Some(framed) = Framed::ALL.into_iter().find(|framed| same(&framed.name())) {
+        return Field::Framing(framed);
     }
     READ.iter()
         .find(|known| same(known))
