@@ -10,6 +10,7 @@ mod affinity;
 mod attempt;
 mod auth;
 pub mod body;
+mod boxing;
 mod breaker;
 mod dashboard;
 mod errors;
@@ -202,7 +203,7 @@ fn launch(
     let limit_of = live.clone();
     let clients = tokio::spawn(server::serve(
         client,
-        move |request| pipeline::handle(for_clients.current(), request),
+        move |request| pipeline::handle(for_clients.clone(), request),
         Arc::new(move |headers: &http::HeaderMap| {
             // A large body is read only for a caller with a known key; a stranger's request
             // comes to the pipeline unread, which refuses it at its key.

@@ -22,6 +22,7 @@ use crate::messages;
 use crate::provider;
 use crate::realtime;
 use crate::recording::{self, Ended, Estimate};
+use crate::reload::Live;
 use crate::request::{ClientRequest, Operation};
 use crate::router::{Candidate, Plan};
 use crate::runtime::Runtime;
@@ -55,7 +56,11 @@ struct Exchange {
     span: Option<Box<RequestSpan>>,
 }
 
-pub async fn handle(runtime: Arc<Runtime>, request: Request<RequestBody>) -> Response<Body> {
+/// Serves one client request with the runtime `live` holds when it begins. Taking `live`, not
+/// its runtime, keeps the making of this future to two moves, which cannot fail: the server
+/// makes it in its box ([`crate::boxing`]).
+pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<Body> {
+    let runtime = live.current();
     let started = Instant::now();
     let arrived_ms = onedoor_usage::now_ms();
     let id = request_id(arrived_ms);
@@ -432,11 +437,12 @@ impl<'a> Call<'a> {
         // Borrowed by its run, not moved into it: the run's future does not carry it twice.
         let mut failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
         let (dispatch, request) = (&self.dispatch, &self.request);
-        // Each attempt's future is boxed: the request's futures above it stay kilobytes smaller,
-        // and each of them is copied as the request goes down.
+        // Each attempt's future is boxed, where it is made: the request's futures above it stay
+        // kilobytes smaller, and each of them is copied as the request goes down.
         let outcome = failover
             .run(&mut exchange.trail, |candidate| {
-                Box::pin(dispatch.attempt(request, candidate, deadline, None))
+                let attempt = |candidate| dispatch.attempt(request, candidate, deadline, None);
+                crate::boxing::in_place(attempt, candidate)
             })
             .await;
         // Its breaker probes, if it took any, are let go as soon as the attempts end.

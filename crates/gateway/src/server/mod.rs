@@ -183,9 +183,9 @@ async fn connection<H, F>(
     match speaks_h2(&stream, &mut shutdown).await {
         None => {}
         Some(false) => {
-            // Boxed per request: the connection's own state stays a few hundred bytes while it
-            // waits between requests.
-            let boxed = |request| Box::pin(handler(request));
+            // Boxed per request, where it is made: the connection's own state stays a few
+            // hundred bytes while it waits between requests.
+            let boxed = |request| crate::boxing::in_place(&*handler, request);
             http1::serve(stream, &boxed, &limit, &mut shutdown).await;
         }
         // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.
