@@ -135,11 +135,14 @@ impl Dispatch {
             Ok(Err(error)) => return Err(Failure::Reset(error.to_string())),
             Ok(Ok(body)) => body,
         };
-        load.succeeded(now.elapsed(), now_ms());
+        // One reading of the clock for everything the whole answer settles.
+        let answered_ms = now_ms();
+        load.succeeded(now.elapsed(), answered_ms);
         let translated = backend.provider == onedoor_config::Provider::Anthropic;
-        let (body, usage) = provider::answer(backend, self.operation, request, body, unix_now());
+        let created = answered_ms / 1000;
+        let (body, usage) = provider::answer(backend, self.operation, request, body, created);
         if usage.source == UsageSource::Measured {
-            in_flight.settle(usage.total_tokens(), now_ms());
+            in_flight.settle(usage.total_tokens(), answered_ms);
         }
         if let Some(pin) = pin {
             pin.remember_body(&body).await;
