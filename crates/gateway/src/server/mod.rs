@@ -235,7 +235,7 @@ where
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let service = service_fn(move |request: Request<Incoming>| {
-        let answer = Box::pin(handler(request.map(RequestBody::Streamed)));
+        let answer = crate::boxing::in_place(&*handler, request.map(RequestBody::Streamed));
         async move { Ok::<_, Infallible>(answer.await) }
     });
     let connection = h2_builder()
@@ -269,4 +269,40 @@ async fn until_ended<C, E>(
 /// Resolves once shutdown has begun (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Empty};
+
+    use super::*;
+
+    async fn path_of(request: Request<RequestBody>) -> Response<Body> {
+        Response::new(crate::body::full(request.uri().path().to_owned()))
+    }
+
+    #[tokio::test]
+    async fn an_h2_client_with_prior_knowledge_is_answered_by_the_handler() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_stop, shutdown) = watch::channel(false);
+        let limit: BodyLimit = Arc::new(|_: &http::HeaderMap| 1024);
+        tokio::spawn(serve(listener, path_of, limit, shutdown, None));
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(connection);
+        let request = Request::get(format!("http://{addr}/over/h2"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_2);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"/over/h2");
+    }
 }
