@@ -253,18 +253,14 @@ fn chunk_size(line: &[u8]) -> Option<u64> {
     })
 }
 
-/// Whether a message with these headers ends its connection after this exchange.
+/// Whether a message with these headers ends its connection after this exchange: [`Wire`]'s
+/// rule, for a head already in a map.
 pub fn wants_close(headers: &HeaderMap, version: Version) -> bool {
-    let mut tokens = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .map(str::trim);
-    match version {
-        Version::HTTP_10 => !tokens.any(|t| t.eq_ignore_ascii_case("keep-alive")),
-        _ => tokens.any(|t| t.eq_ignore_ascii_case("close")),
+    let mut wire = Wire::default();
+    for value in headers.get_all(header::CONNECTION) {
+        wire.read(Framed::Connection, value.as_bytes());
     }
+    wire.closes(version)
 }
 
 /// A header that frames a message or says whether its connection stays open.
@@ -295,7 +291,7 @@ impl Framed {
 
 /// What a message's framing headers said, read as its head is parsed, so nothing looks them up
 /// in a header map afterwards: the one `content-length` (repeats must agree), whether the last
-/// transfer coding is `chunked`, and whether the connection ends ([`wants_close`]'s rule).
+/// transfer coding is `chunked`, and whether the connection ends.
 #[derive(Debug)]
 pub struct Wire {
     /// The one `content-length` (repeats must agree); `Err` when it cannot be used.
@@ -343,7 +339,8 @@ impl Wire {
         }
     }
 
-    /// Whether the message ends its connection ([`wants_close`]'s rule).
+    /// Whether the message ends its connection: HTTP/1.0 unless `keep-alive`, later versions
+    /// when `close`.
     pub fn closes(&self, version: Version) -> bool {
         match version {
             Version::HTTP_10 => !self.keep_alive,
@@ -503,26 +500,20 @@ mod tests {
     }
 
     #[test]
-    fn a_wire_closes_as_wants_close_does() {
-        for (connection, version) in [
-            (None, Version::HTTP_11),
-            (None, Version::HTTP_10),
-            (Some("Keep-Alive, Close"), Version::HTTP_11),
-            (Some("keep-alive"), Version::HTTP_10),
-            (Some("upgrade"), Version::HTTP_10),
-            (Some(" close "), Version::HTTP_11),
+    fn a_wire_closes_by_its_version_s_rule() {
+        for (connection, version, closes) in [
+            (None, Version::HTTP_11, false),
+            (None, Version::HTTP_10, true),
+            (Some("Keep-Alive, Close"), Version::HTTP_11, true),
+            (Some("keep-alive"), Version::HTTP_10, false),
+            (Some("upgrade"), Version::HTTP_10, true),
+            (Some(" close "), Version::HTTP_11, true),
         ] {
-            let mut headers = HeaderMap::new();
             let mut read = Wire::default();
             if let Some(value) = connection {
-                headers.insert(header::CONNECTION, HeaderValue::from_static(value));
                 read.read(Framed::Connection, value.as_bytes());
             }
-            assert_eq!(
-                read.closes(version),
-                wants_close(&headers, version),
-                "{connection:?} {version:?}"
-            );
+            assert_eq!(read.closes(version), closes, "{connection:?} {version:?}");
         }
     }
 
