@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderName;
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
 use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
@@ -26,6 +26,7 @@ use crate::errors::GatewayError;
 use crate::request::{ClientRequest, Operation};
 use crate::router::{self, Candidate, Plan};
 use crate::runtime::Runtime;
+use crate::stamp::Stamp;
 use crate::tokens::{ChatFields, Estimator};
 use crate::usage::{UsageReport, UsageSource};
 
@@ -45,7 +46,8 @@ pub struct RateHeaders {
 }
 
 impl RateHeaders {
-    pub fn insert(&self, headers: &mut HeaderMap) {
+    /// Adds the headers whose limits the caller has to `stamp`.
+    pub fn stamp(&self, stamp: &mut Stamp) {
         const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
         const REMAINING_REQUESTS: HeaderName =
             HeaderName::from_static("x-ratelimit-remaining-requests");
@@ -58,22 +60,9 @@ impl RateHeaders {
             (LIMIT_TOKENS, self.tokens.map(|(cap, _)| cap)),
             (REMAINING_TOKENS, self.tokens.map(|(_, left)| left)),
         ];
-        // One buffer holds the numbers, each header value a slice of it: one allocation.
-        let mut digits = bytes::BytesMut::with_capacity(80);
-        let mut ends = [0; 4];
-        for ((_, number), end) in named.iter().zip(&mut ends) {
+        for (name, number) in named {
             if let Some(number) = number {
-                digits.extend_from_slice(itoa::Buffer::new().format(*number).as_bytes());
-            }
-            *end = digits.len();
-        }
-        let digits = digits.freeze();
-        let mut start = 0;
-        for ((name, number), end) in named.into_iter().zip(ends) {
-            let value = digits.slice(start..end);
-            start = end;
-            if let (Some(_), Ok(value)) = (number, HeaderValue::from_maybe_shared(value)) {
-                headers.insert(name, value);
+                stamp.add_number(&name, number);
             }
         }
     }
@@ -669,9 +658,10 @@ mod tests {
         let headers = RateHeaders::of(&meters, &usage);
         assert_eq!(headers.requests, Some((10, 7)));
         assert_eq!(headers.tokens, Some((1000, 600)));
-        let mut map = HeaderMap::new();
-        headers.insert(&mut map);
-        assert_eq!(map["x-ratelimit-remaining-tokens"], "600");
+        let mut stamp = Stamp::default();
+        headers.stamp(&mut stamp);
+        assert_eq!(stamp.get("x-ratelimit-remaining-tokens"), Some(&b"600"[..]));
+        assert_eq!(stamp.get("x-ratelimit-limit-requests"), Some(&b"10"[..]));
     }
 
     #[test]

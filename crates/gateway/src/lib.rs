@@ -36,6 +36,7 @@ mod router;
 mod runtime;
 mod server;
 mod session_token;
+mod stamp;
 mod stream;
 mod surface;
 mod telemetry;

@@ -27,6 +27,7 @@ use crate::request::{ClientRequest, Operation};
 use crate::router::{Candidate, Plan};
 use crate::runtime::Runtime;
 use crate::session_token;
+use crate::stamp::Stamp;
 use crate::surface::{self, AliasSource, Dialect, Route};
 use crate::telemetry::{self, Attempts, RequestSpan};
 use crate::trace::{self, Decision};
@@ -583,8 +584,6 @@ fn respond(
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
-    // Room for every header the answer leaves with (see `decorate`), so the map grows once.
-    headers.reserve(12);
     if let Some(content_type) = content_type {
         headers.insert(header::CONTENT_TYPE, content_type);
     }
@@ -660,28 +659,28 @@ fn decorate(
     const ATTEMPTS: HeaderName = HeaderName::from_static("x-onedoor-attempts");
     const BACKEND: HeaderName = HeaderName::from_static("x-onedoor-backend");
     const REGION: HeaderName = HeaderName::from_static("x-onedoor-region");
-    let headers = response.headers_mut();
-    let mut put = |name: HeaderName, value: &str| {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            headers.insert(name, value);
-        }
-    };
-    put(REQUEST_ID, id);
-    put(ATTEMPTS, attempts);
+    let mut stamp = Stamp::with_capacity(STAMP_BYTES + attempts.len());
+    stamp.add(&REQUEST_ID, id.as_bytes());
+    stamp.add(&ATTEMPTS, attempts.as_bytes());
     let answered_by = exchange.backend.and_then(|b| runtime.answered_by.get(b));
     for (name, value) in [BACKEND, REGION]
         .into_iter()
         .zip(answered_by.into_iter().flatten())
     {
         if let Some(value) = value {
-            headers.insert(name, value.clone());
+            stamp.add_value(&name, value);
         }
     }
     if let Some(limits) = &exchange.limits {
-        limits.insert(headers);
+        limits.stamp(&mut stamp);
     }
+    stamp.put(&mut response);
     response
 }
+
+/// Room in a stamp for everything but the attempts: the request id, a backend's name and
+/// region, and four rate-limit numbers with their names.
+const STAMP_BYTES: usize = 320;
 
 #[cfg(test)]
 mod tests {

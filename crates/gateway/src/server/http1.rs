@@ -24,6 +24,7 @@ use tokio::sync::{oneshot, watch};
 use crate::body::{Body, RequestBody};
 use crate::framing::{self, Chunked, Framed, Step, Wire};
 use crate::idle_poll;
+use crate::stamp::Stamp;
 
 /// Request heads (request line and headers) larger than this get 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -329,8 +330,9 @@ impl Connection {
     ) -> io::Result<After> {
         let (parts, mut body) = response.into_parts();
         let status = parts.status;
+        let stamp = Stamp::lines_in(&parts.extensions);
         if status == StatusCode::SWITCHING_PROTOCOLS {
-            let head = encode_head(status, &parts.headers, BodyFraming::None, &[]);
+            let head = encode_head(status, &parts.headers, stamp, BodyFraming::None, &[]);
             self.stream.write_all(&head).await?;
             return Ok(After::Upgrade);
         }
@@ -362,7 +364,7 @@ impl Connection {
             (false, true, Some(length)) => BodyFraming::Length(length),
             (false, false, _) => framing,
         };
-        let head = encode_head(status, &parts.headers, declared, connection);
+        let head = encode_head(status, &parts.headers, stamp, declared, connection);
         if bodiless {
             self.stream.write_all(&head).await?;
             return Ok(after);
@@ -471,6 +473,7 @@ impl Connection {
         let head = encode_head(
             status,
             &HeaderMap::new(),
+            &[],
             BodyFraming::Length(0),
             b"connection: close\r\n",
         );
@@ -706,10 +709,11 @@ fn body_framing(wire: &Wire) -> Option<Framing> {
 fn encode_head(
     status: StatusCode,
     headers: &HeaderMap,
+    stamp: &[u8],
     framing: BodyFraming,
     connection: &[u8],
 ) -> Vec<u8> {
-    let mut head = Vec::with_capacity(160 + headers.len() * 48);
+    let mut head = Vec::with_capacity(160 + headers.len() * 48 + stamp.len());
     head.extend_from_slice(b"HTTP/1.1 ");
     head.extend_from_slice(status.as_str().as_bytes());
     head.push(b' ');
@@ -728,6 +732,7 @@ fn encode_head(
         head.extend_from_slice(value.as_bytes());
         head.extend_from_slice(b"\r\n");
     }
+    head.extend_from_slice(stamp);
     date::write(&mut head);
     match framing {
         BodyFraming::Length(length) => {

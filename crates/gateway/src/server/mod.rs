@@ -236,7 +236,11 @@ where
 {
     let service = service_fn(move |request: Request<Incoming>| {
         let answer = crate::boxing::in_place(&*handler, request.map(RequestBody::Streamed));
-        async move { Ok::<_, Infallible>(answer.await) }
+        async move {
+            let mut response = answer.await;
+            crate::stamp::Stamp::into_headers(&mut response);
+            Ok::<_, Infallible>(response)
+        }
     });
     let connection = h2_builder()
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -275,22 +279,41 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use std::net::SocketAddr;
+
     use bytes::Bytes;
+    use http::HeaderName;
     use http_body_util::{BodyExt, Empty};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::stamp::Stamp;
 
+    /// The path asked for, with a stamp that says it too.
     async fn path_of(request: Request<RequestBody>) -> Response<Body> {
-        Response::new(crate::body::full(request.uri().path().to_owned()))
+        let path = request.uri().path().to_owned();
+        let mut stamp = Stamp::default();
+        stamp.add(&HeaderName::from_static("x-onedoor-path"), path.as_bytes());
+        let mut response = Response::new(crate::body::full(path));
+        stamp.put(&mut response);
+        response
+    }
+
+    async fn listening() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, shutdown) = watch::channel(false);
+        let limit: BodyLimit = Arc::new(|_: &http::HeaderMap| 1024);
+        tokio::spawn(async move {
+            serve(listener, path_of, limit, shutdown, None).await;
+            drop(stop);
+        });
+        addr
     }
 
     #[tokio::test]
     async fn an_h2_client_with_prior_knowledge_is_answered_by_the_handler() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (_stop, shutdown) = watch::channel(false);
-        let limit: BodyLimit = Arc::new(|_: &http::HeaderMap| 1024);
-        tokio::spawn(serve(listener, path_of, limit, shutdown, None));
+        let addr = listening().await;
         let stream = TcpStream::connect(addr).await.unwrap();
         let (mut sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
@@ -302,7 +325,28 @@ mod tests {
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
         assert_eq!(response.version(), http::Version::HTTP_2);
+        assert_eq!(response.headers()["x-onedoor-path"], "/over/h2");
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"/over/h2");
+    }
+
+    #[tokio::test]
+    async fn an_http1_answer_carries_its_stamp_s_lines_in_its_head() {
+        let addr = listening().await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /over/http1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(
+            head.contains("\r\nx-onedoor-path: /over/http1\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\ncontent-length: 11\r\n"), "{head}");
+        assert_eq!(body, "/over/http1");
     }
 }
