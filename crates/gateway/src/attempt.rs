@@ -119,7 +119,8 @@ impl Dispatch {
                 track_transcript: self.continues_cut_streams,
             };
             let body = response.into_body();
-            let translator = provider::events(backend, self.operation, request, unix_now(), pin);
+            let translator =
+                provider::events(backend, self.operation, request, created(now_ms()), pin);
             let relay = match continuing {
                 Some(identity) => {
                     Relay::open_continuing(body, rules, first_token_by, identity, translator)
@@ -139,8 +140,8 @@ impl Dispatch {
         let answered_ms = now_ms();
         load.succeeded(now.elapsed(), answered_ms);
         let translated = backend.provider == onedoor_config::Provider::Anthropic;
-        let created = answered_ms / 1000;
-        let (body, usage) = provider::answer(backend, self.operation, request, body, created);
+        let (body, usage) =
+            provider::answer(backend, self.operation, request, body, created(answered_ms));
         if usage.source == UsageSource::Measured {
             in_flight.settle(usage.total_tokens(), answered_ms);
         }
@@ -186,9 +187,10 @@ where
     Ok(joined.map_or(first, BytesMut::freeze))
 }
 
-/// Seconds since the Unix epoch, for the `created` of translated answers.
-fn unix_now() -> u64 {
-    now_ms() / 1000
+/// The `created` of translated answers, seconds since the Unix epoch, of a clock reading in
+/// milliseconds ([`now_ms`]).
+fn created(unix_ms: u64) -> u64 {
+    unix_ms / 1000
 }
 
 /// The targets that may continue a cut stream: those that accept prefill, other than the one
