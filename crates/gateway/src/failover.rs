@@ -116,9 +116,9 @@ impl<'a> Failover<'a> {
         }
     }
 
-    /// Headroom, ramp-up share and region freshness of a candidate, for the router's choice.
-    fn fitness(&self, candidate: &Candidate) -> Fitness {
-        let now = now_ms();
+    /// Headroom, ramp-up share and region freshness of a candidate at `now` (ms), for the
+    /// router's choice.
+    fn fitness(&self, candidate: &Candidate, now: u64) -> Fitness {
         let backend = self.snapshot().backends.get(candidate.backend);
         let load = self.runtime.load(candidate.backend);
         let (Some(backend), Some(load)) = (backend, load) else {
@@ -172,13 +172,15 @@ impl<'a> Failover<'a> {
                 break;
             }
             let turn = self.runtime.turn(self.alias_index);
+            // One reading of the clock for the turn's choice, whatever the number of candidates.
+            let now = now_ms();
             let Some(i) = again
                 .take()
-                .or_else(|| self.plan.choose(&self.open, turn, |c| self.fitness(c)))
+                .or_else(|| self.plan.choose(&self.open, turn, |c| self.fitness(c, now)))
             else {
                 break;
             };
-            if !self.admitted(i).await {
+            if !self.admitted(i, now).await {
                 if let Some(trace) = trail.trace.as_mut() {
                     trace.skipped(self.backend_name(&self.plan.candidates[i]), "breaker_open");
                 }
@@ -188,7 +190,7 @@ impl<'a> Failover<'a> {
             let fitness = trail
                 .trace
                 .as_ref()
-                .map(|_| self.fitness(&self.plan.candidates[i]));
+                .map(|_| self.fitness(&self.plan.candidates[i], now));
             let began = Instant::now();
             let attempted = attempt(self.plan.candidates[i].clone()).await;
             trail.upstream += began.elapsed();
@@ -244,15 +246,15 @@ impl<'a> Failover<'a> {
         Err(self.ending(trail, out_of_time))
     }
 
-    /// Whether the breaker of candidate `i`'s backend lets an attempt go now. It may have opened
-    /// since the plan was made, or another request may hold its probe: then the candidate is
-    /// left out as if the plan had excluded it.
-    async fn admitted(&mut self, i: usize) -> bool {
+    /// Whether the breaker of candidate `i`'s backend lets an attempt go at `now` (ms). It may
+    /// have opened since the plan was made, or another request may hold its probe: then the
+    /// candidate is left out as if the plan had excluded it.
+    async fn admitted(&mut self, i: usize, now: u64) -> bool {
         let backend = self.plan.candidates[i].backend;
         if self.probes.iter().any(|p| p.backend() == backend) {
             return true;
         }
-        match self.runtime.breakers.admit(backend, now_ms()).await {
+        match self.runtime.breakers.admit(backend, now).await {
             Admission::Closed => true,
             Admission::Probe(permit) => {
                 self.probes.push(permit);

@@ -26,6 +26,8 @@ use crate::framing::{self, Chunked, Framed, Step, Wire};
 use crate::idle_poll;
 use crate::stamp::Stamp;
 
+use super::Raised;
+
 /// Request heads (request line and headers) larger than this get 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 128;
@@ -69,9 +71,10 @@ pub async fn serve<H, F>(
     // Made once for the connection: it stays registered with the shutdown signal between
     // requests, where one made at each wait would register and unregister every request.
     let mut watcher = shutdown.clone();
-    let mut stopped = pin!(super::stopped(&mut watcher));
+    let stopped = pin!(super::stopped(&mut watcher));
+    let mut shutdown = Raised::new(&*shutdown, stopped);
     loop {
-        let head = match connection.read_head(stopped.as_mut()).await {
+        let head = match connection.read_head(&mut shutdown).await {
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(status) => return connection.refuse(status).await,
@@ -93,7 +96,7 @@ pub async fn serve<H, F>(
         let Some(response) = connection.answer(handler(request)).await else {
             return;
         };
-        let stopping = *shutdown.borrow();
+        let stopping = shutdown.raised();
         let after = connection.respond(response, &exchange, stopping).await;
         idle_poll::worked();
         match after {
@@ -187,11 +190,11 @@ impl Head {
 }
 
 impl Connection {
-    /// The next request's head; `None` when the client closed, or shutdown began (`stopped`
-    /// resolved), between requests.
+    /// The next request's head; `None` when the client closed, or shutdown began between
+    /// requests.
     async fn read_head(
         &mut self,
-        mut stopped: Pin<&mut impl Future<Output = ()>>,
+        shutdown: &mut Raised<'_, impl Future<Output = ()>>,
     ) -> Result<Option<Head>, StatusCode> {
         loop {
             if !self.buffer.is_empty() {
@@ -205,7 +208,7 @@ impl Connection {
             let read = match self.buffer.is_empty() {
                 true => tokio::select! {
                     biased;
-                    () = stopped.as_mut() => return Ok(None),
+                    () = &mut *shutdown => return Ok(None),
                     read = self.read() => read,
                 },
                 false => match self.read_begun().await {
@@ -1365,6 +1368,47 @@ mod tests {
         let answer = read_until(&mut busy, "finished").await;
         assert!(answer.contains("connection: close\r\n"), "{answer}");
         assert!(closes(&mut busy).await);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_after_its_requests_closes_when_shutdown_begins() {
+        let (address, stop) = listen(|_request| async { Response::new(full("done")) }).await;
+        let mut client = connect(address).await;
+        // Its wait for the shutdown signal was polled at every request since the first.
+        for _ in 0..3 {
+            client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+            let answer = read_until(&mut client, "done").await;
+            assert!(!answer.contains("connection: close"), "{answer}");
+        }
+        stop.send(true).unwrap();
+        assert!(closes(&mut client).await);
+    }
+
+    #[tokio::test]
+    async fn a_request_under_way_when_shutdown_begins_is_answered_with_connection_close() {
+        let (release, released) = watch::channel(false);
+        let (address, stop) = listen(move |_request| {
+            let mut released = released.clone();
+            async move {
+                let _ = released.wait_for(|r| *r).await;
+                Response::new(full("finished"))
+            }
+        })
+        .await;
+        let mut client = connect(address).await;
+        // An earlier request first: the connection's wait is registered before shutdown.
+        release.send(true).unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let first = read_until(&mut client, "finished").await;
+        assert!(!first.contains("connection: close"), "{first}");
+        release.send(false).unwrap();
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.send(true).unwrap();
+        release.send(true).unwrap();
+        let second = read_until(&mut client, "finished").await;
+        assert!(second.contains("connection: close\r\n"), "{second}");
+        assert!(closes(&mut client).await);
     }
 
     #[tokio::test]

@@ -7,9 +7,10 @@ pub mod http1;
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -106,9 +107,13 @@ where
         let mut aborted = open.aborted.subscribe();
         let served = connection(stream, handler.clone(), limit.clone(), shutdown.clone());
         Box::pin(async move {
+            let signal = aborted.clone();
+            let wait = pin!(async move {
+                let _ = aborted.wait_for(|abort| *abort).await;
+            });
             tokio::select! {
                 () = served => {}
-                _ = aborted.wait_for(|abort| *abort) => {}
+                () = Raised::new(&signal, wait) => {}
             }
             drop(counted);
         })
@@ -270,6 +275,50 @@ async fn until_ended<C, E>(
     }
 }
 
+/// A wait for a watch signal to be raised (`true`, once) that takes the signal's lock once. A
+/// registered wait for a watch takes its lock at every poll, and a connection's task is polled a
+/// few times a request, with the same signal for every connection of both lanes; so `wait` is
+/// polled first to register, and later only once `signal`'s version (an atomic load) moved.
+struct Raised<'a, F> {
+    /// A receiver of the signal `wait` waits on, which has seen its value as `wait` first did.
+    signal: &'a watch::Receiver<bool>,
+    wait: Pin<&'a mut F>,
+    registered: bool,
+}
+
+impl<'a, F: Future<Output = ()>> Raised<'a, F> {
+    fn new(signal: &'a watch::Receiver<bool>, wait: Pin<&'a mut F>) -> Self {
+        Raised {
+            signal,
+            wait,
+            registered: false,
+        }
+    }
+
+    /// Whether the signal is raised now. Only a change can have raised it: had it been raised
+    /// before, the first poll of the wait would have ended there.
+    fn raised(&self) -> bool {
+        self.changed() && *self.signal.borrow()
+    }
+
+    /// Whether the signal changed since `signal` last looked, or its sender is gone.
+    fn changed(&self) -> bool {
+        self.signal.has_changed().unwrap_or(true)
+    }
+}
+
+impl<F: Future<Output = ()>> Future for Raised<'_, F> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.registered && !self.changed() {
+            return Poll::Pending;
+        }
+        self.registered = true;
+        self.wait.as_mut().poll(cx)
+    }
+}
+
 /// Resolves once shutdown has begun (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
@@ -288,6 +337,45 @@ mod tests {
 
     use super::*;
     use crate::stamp::Stamp;
+
+    #[tokio::test]
+    async fn a_raised_signal_ends_a_registered_wait_and_a_change_back_does_not() {
+        let (raise, mut receiver) = watch::channel(false);
+        let signal = receiver.clone();
+        let wait = pin!(async move {
+            let _ = receiver.wait_for(|raised| *raised).await;
+        });
+        let mut raised = Raised::new(&signal, wait);
+        let short = Duration::from_millis(50);
+        // Registered at its first poll; later polls see no change.
+        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        assert!(!raised.raised());
+        raise.send(false).unwrap();
+        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        assert!(!raised.raised());
+        raise.send(true).unwrap();
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut raised)
+            .await
+            .is_ok());
+        assert!(raised.raised());
+    }
+
+    #[tokio::test]
+    async fn a_signal_whose_sender_is_gone_ends_a_registered_wait() {
+        let (raise, mut receiver) = watch::channel(false);
+        let signal = receiver.clone();
+        let wait = pin!(async move {
+            let _ = receiver.wait_for(|raised| *raised).await;
+        });
+        let mut raised = Raised::new(&signal, wait);
+        let short = Duration::from_millis(50);
+        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        drop(raise);
+        assert!(tokio::time::timeout(Duration::from_secs(1), &mut raised)
+            .await
+            .is_ok());
+    }
 
     /// The path asked for, with a stamp that says it too.
     async fn path_of(request: Request<RequestBody>) -> Response<Body> {
