@@ -1347,8 +1347,9 @@ mod tests {
         assert!(dropped.load(Ordering::SeqCst), "the body was dropped");
     }
 
-    #[tokio::test]
-    async fn shutdown_closes_idle_connections_and_answers_requests_under_way_first() {
+    /// A server whose handler answers "finished" once `release` (the third) is raised; the
+    /// second stops it.
+    async fn answering_once_released() -> (SocketAddr, watch::Sender<bool>, watch::Sender<bool>) {
         let (release, released) = watch::channel(false);
         let (address, stop) = listen(move |_request| {
             let mut released = released.clone();
@@ -1358,6 +1359,12 @@ mod tests {
             }
         })
         .await;
+        (address, stop, release)
+    }
+
+    #[tokio::test]
+    async fn shutdown_closes_idle_connections_and_answers_requests_under_way_first() {
+        let (address, stop, release) = answering_once_released().await;
         let mut idle = connect(address).await;
         let mut busy = connect(address).await;
         busy.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
@@ -1386,15 +1393,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_under_way_when_shutdown_begins_is_answered_with_connection_close() {
-        let (release, released) = watch::channel(false);
-        let (address, stop) = listen(move |_request| {
-            let mut released = released.clone();
-            async move {
-                let _ = released.wait_for(|r| *r).await;
-                Response::new(full("finished"))
-            }
-        })
-        .await;
+        let (address, stop, release) = answering_once_released().await;
         let mut client = connect(address).await;
         // An earlier request first: the connection's wait is registered before shutdown.
         release.send(true).unwrap();

@@ -338,26 +338,28 @@ mod tests {
     use super::*;
     use crate::stamp::Stamp;
 
+    /// Whether `raised` ends within `wait`.
+    async fn ends_within(raised: &mut Raised<'_, impl Future<Output = ()>>, wait: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(wait), raised)
+            .await
+            .is_ok()
+    }
+
     #[tokio::test]
     async fn a_raised_signal_ends_a_registered_wait_and_a_change_back_does_not() {
         let (raise, mut receiver) = watch::channel(false);
         let signal = receiver.clone();
-        let wait = pin!(async move {
-            let _ = receiver.wait_for(|raised| *raised).await;
-        });
+        let wait = pin!(stopped(&mut receiver));
         let mut raised = Raised::new(&signal, wait);
-        let short = Duration::from_millis(50);
         // Registered at its first poll; later polls see no change.
-        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
-        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        assert!(!ends_within(&mut raised, 50).await);
+        assert!(!ends_within(&mut raised, 50).await);
         assert!(!raised.raised());
         raise.send(false).unwrap();
-        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        assert!(!ends_within(&mut raised, 50).await);
         assert!(!raised.raised());
         raise.send(true).unwrap();
-        assert!(tokio::time::timeout(Duration::from_secs(1), &mut raised)
-            .await
-            .is_ok());
+        assert!(ends_within(&mut raised, 1000).await);
         assert!(raised.raised());
     }
 
@@ -365,16 +367,11 @@ mod tests {
     async fn a_signal_whose_sender_is_gone_ends_a_registered_wait() {
         let (raise, mut receiver) = watch::channel(false);
         let signal = receiver.clone();
-        let wait = pin!(async move {
-            let _ = receiver.wait_for(|raised| *raised).await;
-        });
+        let wait = pin!(stopped(&mut receiver));
         let mut raised = Raised::new(&signal, wait);
-        let short = Duration::from_millis(50);
-        assert!(tokio::time::timeout(short, &mut raised).await.is_err());
+        assert!(!ends_within(&mut raised, 50).await);
         drop(raise);
-        assert!(tokio::time::timeout(Duration::from_secs(1), &mut raised)
-            .await
-            .is_ok());
+        assert!(ends_within(&mut raised, 1000).await);
     }
 
     /// The path asked for, with a stamp that says it too.
