@@ -263,9 +263,11 @@ async fn until_ended<C, E>(
     E: std::fmt::Display,
 {
     tokio::pin!(connection);
+    let signal = shutdown.clone();
+    let wait = pin!(stopped(shutdown));
     let ended = tokio::select! {
         ended = connection.as_mut() => ended,
-        _ = stopped(shutdown) => {
+        () = Raised::new(&signal, wait) => {
             graceful_shutdown(connection.as_mut());
             connection.await
         }
@@ -384,40 +386,44 @@ mod tests {
         response
     }
 
-    async fn listening() -> SocketAddr {
+    /// A server of [`path_of`], and the sender that stops it.
+    async fn listening() -> (SocketAddr, watch::Sender<bool>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, shutdown) = watch::channel(false);
         let limit: BodyLimit = Arc::new(|_: &http::HeaderMap| 1024);
-        tokio::spawn(async move {
-            serve(listener, path_of, limit, shutdown, None).await;
-            drop(stop);
-        });
-        addr
+        tokio::spawn(serve(listener, path_of, limit, shutdown, None));
+        (addr, stop)
     }
 
     #[tokio::test]
-    async fn an_h2_client_with_prior_knowledge_is_answered_by_the_handler() {
-        let addr = listening().await;
+    async fn an_h2_client_with_prior_knowledge_is_answered_by_the_handler_until_shutdown() {
+        let (addr, stop) = listening().await;
         let stream = TcpStream::connect(addr).await.unwrap();
         let (mut sender, connection) =
             hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                 .await
                 .unwrap();
-        tokio::spawn(connection);
-        let request = Request::get(format!("http://{addr}/over/h2"))
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        let response = sender.send_request(request).await.unwrap();
-        assert_eq!(response.version(), http::Version::HTTP_2);
-        assert_eq!(response.headers()["x-onedoor-path"], "/over/h2");
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&body[..], b"/over/h2");
+        let connection = tokio::spawn(connection);
+        for _ in 0..2 {
+            let request = Request::get(format!("http://{addr}/over/h2"))
+                .body(Empty::<Bytes>::new())
+                .unwrap();
+            let response = sender.send_request(request).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            assert_eq!(response.headers()["x-onedoor-path"], "/over/h2");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"/over/h2");
+        }
+        // Shutdown ends the idle connection gracefully: the client's side of it ends too.
+        stop.send(true).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(2), connection).await;
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
     }
 
     #[tokio::test]
     async fn an_http1_answer_carries_its_stamp_s_lines_in_its_head() {
-        let addr = listening().await;
+        let (addr, _stop) = listening().await;
         let mut stream = TcpStream::connect(addr).await.unwrap();
         stream
             .write_all(b"GET /over/http1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
