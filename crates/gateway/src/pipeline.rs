@@ -231,7 +231,7 @@ async fn serve(
             let body = read_body(request, snapshot.max_request_body).await?;
             let mut call = Call::new(runtime, caller, operation, dialect, alias, body)?;
             call.session = session;
-            call.run(exchange).await
+            call.run(runtime, exchange).await
         }
     }
 }
@@ -341,8 +341,13 @@ impl<'a> Call<'a> {
         })
     }
 
-    async fn run(&mut self, exchange: &mut Exchange) -> Result<Response<Body>, GatewayError> {
-        let runtime = self.dispatch.runtime.clone();
+    /// Runs the call on `runtime`, its dispatch's own, borrowed rather than cloned: a clone is
+    /// two atomic operations on a count both lanes share.
+    async fn run(
+        &mut self,
+        runtime: &Runtime,
+        exchange: &mut Exchange,
+    ) -> Result<Response<Body>, GatewayError> {
         let snapshot = &runtime.snapshot;
         exchange.alias = Some(self.name.clone());
         let resolved = resolve(snapshot, &self.name, self.caller.tenant);
@@ -368,7 +373,7 @@ impl<'a> Call<'a> {
             body: &self.request,
             operation,
         };
-        let (admitted, plan) = admission::admit_and_plan(request, &runtime).await;
+        let (admitted, plan) = admission::admit_and_plan(request, runtime).await;
         if let Some(trace) = exchange.trail.trace.as_mut() {
             let (limits, refused) = match &admitted {
                 Ok(admission) => (&admission.headers, None),
@@ -388,10 +393,10 @@ impl<'a> Call<'a> {
         exchange.limits = Some(admission.headers);
         let mut plan = plan.map_err(|_| GatewayError::StateUnavailable)?;
         if let Some(previous) = self.request.previous_response_id.as_deref() {
-            follow(&runtime, &mut plan, previous).await?;
+            follow(runtime, &mut plan, previous).await?;
         }
         let session = session_token::follow(
-            &runtime,
+            runtime,
             alias,
             self.caller.tenant,
             self.session.as_deref(),
@@ -429,14 +434,14 @@ impl<'a> Call<'a> {
             total: tokens,
         };
         if let Some(trace) = exchange.trail.trace.as_mut() {
-            trace.plan(&runtime, &plan);
+            trace.plan(runtime, &plan);
             trace.set(
                 "tokens_estimated",
                 serde_json::json!({"prompt": prompt, "total": tokens}),
             );
         }
         // Borrowed by its run, not moved into it: the run's future does not carry it twice.
-        let mut failover = Failover::new(&runtime, &self.name, alias_index, plan, deadline, tokens);
+        let mut failover = Failover::new(runtime, &self.name, alias_index, plan, deadline, tokens);
         let (dispatch, request) = (&self.dispatch, &self.request);
         // Each attempt's future is boxed, where it is made: the request's futures above it stay
         // kilobytes smaller, and each of them is copied as the request goes down.
@@ -520,7 +525,7 @@ impl<'a> Call<'a> {
                 Ok(passthrough(failure, dialect))
             }
         };
-        session.stamp(&runtime, exchange.backend, answered).await
+        session.stamp(runtime, exchange.backend, answered).await
     }
 }
 
