@@ -108,9 +108,7 @@ where
         let served = connection(stream, handler.clone(), limit.clone(), shutdown.clone());
         Box::pin(async move {
             let signal = aborted.clone();
-            let wait = pin!(async move {
-                let _ = aborted.wait_for(|abort| *abort).await;
-            });
+            let wait = pin!(stopped(&mut aborted));
             tokio::select! {
                 () = served => {}
                 () = Raised::new(&signal, wait) => {}
@@ -321,7 +319,7 @@ impl<F: Future<Output = ()>> Future for Raised<'_, F> {
     }
 }
 
-/// Resolves once shutdown has begun (or its sender is gone).
+/// Resolves once the signal is raised, shutdown or abort (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
@@ -340,9 +338,9 @@ mod tests {
     use super::*;
     use crate::stamp::Stamp;
 
-    /// Whether `raised` ends within `wait`.
-    async fn ends_within(raised: &mut Raised<'_, impl Future<Output = ()>>, wait: u64) -> bool {
-        tokio::time::timeout(Duration::from_millis(wait), raised)
+    /// Whether `raised` ends within `millis` milliseconds.
+    async fn ends_within(raised: &mut Raised<'_, impl Future<Output = ()>>, millis: u64) -> bool {
+        tokio::time::timeout(Duration::from_millis(millis), raised)
             .await
             .is_ok()
     }
