@@ -18,7 +18,7 @@ use crate::outcome::{verdict, Verdict};
 use crate::router::{Candidate, Excluded, Fitness, Plan};
 use crate::runtime::Runtime;
 use crate::telemetry::Attempts;
-use crate::upstream::Failure;
+use crate::upstream::{Failure, Outcome};
 
 /// How long a target that answered 429 without any Retry-After is left alone.
 const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
@@ -26,7 +26,7 @@ const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 /// Every attempt of one request, in order, for `x-onedoor-attempts`, logs and traces.
 #[derive(Debug, Default)]
 pub struct Trail {
-    pub attempts: Vec<(String, String)>,
+    pub attempts: SmallVec<[(String, Outcome); 2]>,
     /// Time spent waiting on upstreams (to a stream's first content), for the overhead metric.
     pub upstream: Duration,
     /// The decision trace, when the request asked for one and may have it.
@@ -36,7 +36,7 @@ pub struct Trail {
 }
 
 impl Trail {
-    fn push(&mut self, backend: &str, outcome: String) {
+    fn push(&mut self, backend: &str, outcome: Outcome) {
         self.attempts.push((backend.to_owned(), outcome));
     }
 
@@ -124,7 +124,7 @@ impl<'a> Failover<'a> {
         let (Some(backend), Some(load)) = (backend, load) else {
             return Fitness::default();
         };
-        let shared = self.plan.usage.get(candidate.backend).copied().flatten();
+        let shared = self.plan.usage_of(candidate.backend);
         Fitness {
             headroom: load.fits(&backend.limits, shared, self.tokens, now),
             share: load.share(now),
@@ -200,7 +200,7 @@ impl<'a> Failover<'a> {
             }
             if let (Some(trace), Some(fitness)) = (trail.trace.as_mut(), fitness) {
                 let (outcome, detail) = match &attempted {
-                    Ok(_) => ("200".to_owned(), None),
+                    Ok(_) => (Outcome::Borrowed("200"), None),
                     Err(failure) => (failure.label(), Some(failure.detail().to_string())),
                 };
                 trace.attempt(
@@ -215,7 +215,7 @@ impl<'a> Failover<'a> {
             match attempted {
                 Ok(value) => {
                     self.observe(i, Observed::Success).await;
-                    trail.push(backend, "200".into());
+                    trail.push(backend, Outcome::Borrowed("200"));
                     if self.plan.candidates[i].discovery {
                         let ttl = self.snapshot().routing.not_served_ttl.as_millis() as u64;
                         self.runtime.state.mark_served_detached(self.key(i), ttl);

@@ -335,7 +335,7 @@ impl Metrics {
     }
 
     /// Every upstream attempt of a request, as `x-onedoor-attempts` lists them.
-    pub fn attempted(&self, attempts: &[(String, String)]) {
+    pub fn attempted(&self, attempts: &[(String, crate::upstream::Outcome)]) {
         for (backend, outcome) in attempts {
             recent::with(self.id, |r| {
                 r.attempts
@@ -344,7 +344,7 @@ impl Metrics {
                         || {
                             let labels = AttemptLabels {
                                 backend: backend.clone(),
-                                outcome: outcome.clone(),
+                                outcome: outcome.to_string(),
                             };
                             let counter = self.attempts.get_or_create(&labels).clone();
                             (labels, counter)

@@ -43,7 +43,7 @@ struct Exchange {
     key_id: Option<String>,
     alias: Option<String>,
     /// The deployment or model name sent to `backend`.
-    deployment: Option<String>,
+    deployment: Option<Arc<str>>,
     estimate: Estimate,
     /// A whole answer's usage block.
     tokens: Option<onedoor_usage::Tokens>,
@@ -66,12 +66,13 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     let arrived_ms = onedoor_usage::now_ms();
     let id = request_id(arrived_ms);
     let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    // A clone of the head's bytes, not a copy of the path.
+    let uri = request.uri().clone();
     let mut exchange = Exchange::default();
     exchange.span = telemetry::begin(&runtime, &request, started, &mut exchange.trail);
     let response = match serve(&runtime, request, &id, &mut exchange).await {
         Ok(response) => response,
-        Err(error) => error.into_response_in(surface::dialect_of(&path)),
+        Err(error) => error.into_response_in(surface::dialect_of(uri.path())),
     };
     // `x-onedoor-attempts`, and the usage record's trail.
     let attempts = exchange.trail.header();
@@ -121,6 +122,7 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
         line.alias = exchange.alias.as_deref();
         line.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         access_log::write(&line);
+        let path = uri.path();
         tracing::debug!(%method, %path, status, "refused before a caller was known");
     }
     response

@@ -72,7 +72,7 @@ pub struct Ended {
     pub key_id: String,
     pub alias: String,
     pub backend: Option<BackendId>,
-    pub deployment: Option<String>,
+    pub deployment: Option<std::sync::Arc<str>>,
     /// `x-onedoor-attempts`.
     pub attempts: String,
     /// The answer's `x-onedoor-error`, when it is one of the gateway's errors.

@@ -4,6 +4,7 @@
 //! is read in one round trip per plan.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use onedoor_config::{Alias, BackendId, Tenant};
 use onedoor_state::{
@@ -20,8 +21,8 @@ use crate::runtime::Runtime;
 #[derive(Debug, Clone)]
 pub struct Candidate {
     pub backend: BackendId,
-    /// The deployment or model name sent upstream.
-    pub deployment: String,
+    /// The deployment or model name sent upstream; shared by the clones an attempt takes.
+    pub deployment: Arc<str>,
     pub priority: u32,
     pub weight: u32,
     /// From a `"*"` target: the deployment is the requested name, learned by asking.
@@ -58,8 +59,8 @@ pub enum Excluded {
 pub struct Plan {
     pub candidates: Vec<Candidate>,
     pub excluded: Vec<(Candidate, Excluded)>,
-    /// Each metered backend's usage across instances when the plan was made, by backend id.
-    pub usage: Vec<Option<MeterUsage>>,
+    /// The usage across instances of each metered backend the plan reads, when it was made.
+    pub usage: Vec<(BackendId, MeterUsage)>,
 }
 
 /// The candidates of `alias` for this tenant; `requested` names the deployment on `"*"` targets.
@@ -127,7 +128,7 @@ fn open(
     let mut plan = Plan {
         candidates: Vec::with_capacity(alias.targets.len()),
         excluded: Vec::new(),
-        usage: vec![None; snapshot.backends.len()],
+        usage: Vec::new(),
     };
     let mut open = SmallVec::new();
     for target in &alias.targets {
@@ -136,7 +137,7 @@ fn open(
         };
         let candidate = Candidate {
             backend: target.backend,
-            deployment: target.deployment.as_deref().unwrap_or(requested).to_owned(),
+            deployment: Arc::from(target.deployment.as_deref().unwrap_or(requested)),
             priority: target.priority,
             weight: target.weight.max(1),
             discovery: target.deployment.is_none(),
@@ -165,8 +166,8 @@ impl Opening {
         let now = now_ms();
         for (&id, backend) in ids.iter().zip(&view.backends) {
             runtime.breakers.learn(id, backend.breaker, now);
-            if let Some(slot) = plan.usage.get_mut(id) {
-                *slot = backend.usage;
+            if let Some(usage) = backend.usage {
+                plan.usage.push((id, usage));
             }
         }
         for (candidate, view) in open.into_iter().zip(view.targets) {
@@ -215,7 +216,7 @@ impl<'a> Reading<'a> {
         let name = |id: BackendId| backends.get(id).map_or("?", |b| b.name.as_str());
         let targets = open
             .iter()
-            .map(|c| (name(c.backend), c.deployment.as_str()))
+            .map(|c| (name(c.backend), &*c.deployment))
             .collect();
         let mut ids: SmallVec<[BackendId; INLINE_TARGETS]> =
             open.iter().map(|c| c.backend).collect();
@@ -257,6 +258,12 @@ fn prefer_known(mut candidate: Candidate, served: bool) -> Candidate {
 }
 
 impl Plan {
+    /// The usage of the metered backend `backend` across instances when the plan was made.
+    pub fn usage_of(&self, backend: BackendId) -> Option<MeterUsage> {
+        let mut read = self.usage.iter();
+        read.find(|(id, _)| *id == backend).map(|(_, usage)| *usage)
+    }
+
     /// How many candidates share `priority`.
     pub fn group_size(&self, priority: u32) -> usize {
         self.candidates

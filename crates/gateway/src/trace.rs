@@ -69,13 +69,13 @@ impl Decision {
             .candidates
             .iter()
             .map(|c| {
-                json!({"backend": name(c.backend), "region": region(c.backend), "deployment": c.deployment,
+                json!({"backend": name(c.backend), "region": region(c.backend), "deployment": &*c.deployment,
                        "priority": c.priority, "weight": c.weight, "kept": true})
             })
             .collect();
         let excluded = plan.excluded.iter().map(|(c, why)| {
             let (reason, until_ms) = reason(why);
-            json!({"backend": name(c.backend), "region": region(c.backend), "deployment": c.deployment,
+            json!({"backend": name(c.backend), "region": region(c.backend), "deployment": &*c.deployment,
                    "priority": c.priority, "weight": c.weight, "kept": false, "reason": reason, "until_ms": until_ms})
         });
         self.set(

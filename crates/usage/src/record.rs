@@ -1,6 +1,7 @@
 //! One finished request as the usage store keeps it: who asked, what answered, the tokens and
 //! whether the upstream measured them or the gateway estimated them, the cost, and the timings.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,7 @@ pub struct UsageRecord {
     /// The backend that produced the answer; `None` when none did.
     pub backend: Option<String>,
     /// The deployment (Azure) or model (OpenAI, Anthropic) name sent upstream.
-    pub model: Option<String>,
+    pub model: Option<Arc<str>>,
     pub region: Option<String>,
     /// The HTTP status the caller got.
     pub status: u16,

@@ -17,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
@@ -31,6 +32,8 @@ use super::Raised;
 /// Request heads (request line and headers) larger than this get 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 128;
+/// A request head with up to this many fields is parsed without allocating their list.
+const INLINE_FIELDS: usize = 16;
 /// After an answer that ends a connection whose request was not read to its end, what the
 /// client still sends is read and dropped for this long (or this much), so that closing does not
 /// reset the connection under the answer before the client has read it.
@@ -661,7 +664,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut fields: Vec<(HeaderName, Range<usize>)> = Vec::with_capacity(parsed.headers.len());
+    let mut fields: SmallVec<[(HeaderName, Range<usize>); INLINE_FIELDS]> = SmallVec::new();
     let mut wire = Wire::default();
     // `expect` as its first value says it, as a map lookup reads it.
     let (mut expect, mut asks_upgrade) = (None, false);
@@ -679,7 +682,8 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, StatusCode> {
     let head = buffer.split_to(length).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target)).map_err(|_| bad)?;
     let mut headers = HeaderMap::with_capacity(fields.len());
-    for (name, value) in fields {
+    // Drained where they lie: iterating the list by value would copy it whole first.
+    for (name, value) in fields.drain(..) {
         let value = HeaderValue::from_maybe_shared(head.slice(value)).map_err(|_| bad)?;
         headers.append(name, value);
     }

@@ -570,7 +570,7 @@ impl Attempts {
         self.list.push(Attempt {
             id: self.upstream.take().unwrap_or_else(new_span_id),
             backend: candidate.backend,
-            deployment: candidate.deployment.clone(),
+            deployment: candidate.deployment.to_string(),
             began,
             ended: Instant::now(),
             failure: failure.map(Failed::of),
@@ -658,7 +658,7 @@ impl Failed {
             _ => None,
         };
         Failed {
-            label: failure.label(),
+            label: failure.label().into_owned(),
             status,
             reason,
         }

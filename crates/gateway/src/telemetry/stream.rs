@@ -95,7 +95,7 @@ impl StreamTrace {
                 .and_then(Traceparent::take)
                 .unwrap_or_else(new_span_id),
             backend: candidate.backend,
-            deployment: candidate.deployment.clone(),
+            deployment: candidate.deployment.to_string(),
             began,
             ended: Instant::now(),
             failure,

@@ -17,6 +17,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -100,6 +101,8 @@ impl AsyncWrite for Io {
 /// Response heads larger than this are refused.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
+/// An answer's head with up to this many kept fields is parsed without allocating their list.
+const INLINE_FIELDS: usize = 16;
 /// A request body up to this size is copied behind its head, so both go out in one buffer; a
 /// larger one goes out from where it is, head and body in one vectored write over plain TCP
 /// (a TLS connection takes them together up to [`TLS_ONE_WRITE`], one record).
@@ -362,7 +365,7 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     };
     // Header values stay in the bytes read: their ranges now, their slices once the head is taken.
     let start = buffer.as_ptr() as usize;
-    let mut fields = Vec::with_capacity(parsed.headers.len());
+    let mut fields: SmallVec<[_; INLINE_FIELDS]> = SmallVec::new();
     let mut wire = Wire::default();
     for header in parsed.headers.iter() {
         match field(header.name.as_bytes()) {
@@ -376,7 +379,8 @@ fn parse_head(buffer: &mut BytesMut) -> Result<Option<Head>, String> {
     }
     let head = buffer.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(fields.len());
-    for (name, value) in fields {
+    // Drained where they lie: iterating the list by value would copy it whole first.
+    for (name, value) in fields.drain(..) {
         let value = HeaderValue::from_maybe_shared(head.slice(value))
             .map_err(|_| format!("the answer's {name} header has an invalid value"))?;
         headers.append(name, value);

@@ -110,16 +110,19 @@ impl Failure {
     }
 
     /// The outcome word of `x-onedoor-attempts`.
-    pub fn label(&self) -> String {
+    pub fn label(&self) -> Outcome {
         match self {
             Failure::ConnectError(_) => "connect_error".into(),
             Failure::Reset(_) => "reset".into(),
             Failure::ConnectTimeout | Failure::Timeout => "timeout".into(),
             Failure::FirstTokenTimeout => "first_token_timeout".into(),
-            Failure::Status { status, .. } => status.as_u16().to_string(),
+            Failure::Status { status, .. } => status.as_u16().to_string().into(),
         }
     }
 }
+
+/// An attempt's outcome word: a status code or a failure kind, borrowed when it is a constant.
+pub type Outcome = std::borrow::Cow<'static, str>;
 
 /// Sends one request and waits for its response headers, at most until `first_token_by`.
 /// A non-success answer is read whole so it can be classified.
