@@ -367,7 +367,7 @@ impl Metrics {
         self.activity
             .finished(tokens.input, tokens.output, record.cost_usd);
         let source = record.tokens.source.as_str();
-        let (tenant, alias) = (record.tenant.as_str(), record.alias.as_str());
+        let (tenant, alias) = (record.tenant.as_str(), &*record.alias);
         for (kind, count) in [
             ("input", record.tokens.input),
             ("output", record.tokens.output),
@@ -401,7 +401,7 @@ impl Metrics {
         if record.cost_usd > 0.0 {
             let labels = TenantAlias {
                 tenant: record.tenant.clone(),
-                alias: record.alias.clone(),
+                alias: record.alias.to_string(),
             };
             self.cost.get_or_create(&labels).inc_by(record.cost_usd);
         }
@@ -422,7 +422,7 @@ impl Metrics {
         });
         if let (true, Some(ttft)) = (record.stream, record.ttft_ms) {
             let alias = AliasLabel {
-                alias: record.alias.clone(),
+                alias: record.alias.to_string(),
             };
             self.ttft.get_or_create(&alias).observe(seconds(ttft));
             if record.tokens.output > 0 {

@@ -41,7 +41,7 @@ struct Exchange {
     backend: Option<usize>,
     tenant: Option<String>,
     key_id: Option<String>,
-    alias: Option<String>,
+    alias: Option<Arc<str>>,
     /// The deployment or model name sent to `backend`.
     deployment: Option<Arc<str>>,
     estimate: Estimate,
@@ -100,7 +100,7 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
             started,
             tenant,
             key_id,
-            alias: exchange.alias.take().unwrap_or_else(|| "-".to_owned()),
+            alias: exchange.alias.take().unwrap_or_else(|| Arc::from("-")),
             backend: exchange.backend,
             deployment: exchange.deployment.take(),
             attempts,
@@ -301,7 +301,7 @@ async fn read_body(request: Request<RequestBody>, limit: u64) -> Result<Bytes, G
 struct Call<'a> {
     dispatch: Dispatch,
     caller: Caller<'a>,
-    name: String,
+    name: Arc<str>,
     request: ClientRequest,
     /// The session token the request carries (`session_affinity` aliases).
     session: Option<String>,
@@ -322,7 +322,7 @@ impl<'a> Call<'a> {
         };
         let request = ClientRequest::parse(body, operation)?;
         let name = match alias {
-            AliasSource::Path(name) => name,
+            AliasSource::Path(name) => Arc::from(name),
             AliasSource::Body => request.model.clone().ok_or_else(|| {
                 GatewayError::InvalidRequest("missing required field `model`".into())
             })?,

@@ -70,7 +70,7 @@ pub struct Ended {
     pub started: Instant,
     pub tenant: String,
     pub key_id: String,
-    pub alias: String,
+    pub alias: std::sync::Arc<str>,
     pub backend: Option<BackendId>,
     pub deployment: Option<std::sync::Arc<str>>,
     /// `x-onedoor-attempts`.

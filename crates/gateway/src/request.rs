@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::ops::Range;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -44,7 +45,7 @@ pub struct ClientRequest {
     /// Its top-level members in order, each a name and the place of its value in `raw`: read
     /// once, copied never.
     fields: Vec<Field>,
-    pub model: Option<String>,
+    pub model: Option<Arc<str>>,
     pub stream: bool,
     /// `max_completion_tokens`, else `max_tokens` (`max_output_tokens` on the Responses API).
     pub max_tokens: Option<u64>,
@@ -196,7 +197,7 @@ impl ClientRequest {
             include_usage: false,
             previous_response_id: None,
         };
-        request.model = request.typed::<String>("model", "a string")?;
+        request.model = request.text("model")?;
         request.stream = request
             .typed::<bool>("stream", "a boolean")?
             .unwrap_or(false);
@@ -287,6 +288,21 @@ impl ClientRequest {
     }
 
     /// A field decoded as `T`, `None` when absent or null.
+    /// The string member `name`, read in place unless it has escapes: the one copy of it that
+    /// the call, its log line and its usage record share.
+    fn text(&self, name: &str) -> Result<Option<Arc<str>>, GatewayError> {
+        let expected = || GatewayError::InvalidRequest(format!("`{name}` must be a string"));
+        match self.field(name) {
+            None | Some(b"null") => Ok(None),
+            Some(raw) => match serde_json::from_slice::<&str>(raw) {
+                Ok(text) => Ok(Some(Arc::from(text))),
+                Err(_) => serde_json::from_slice::<String>(raw)
+                    .map(|text| Some(Arc::from(text)))
+                    .map_err(|_| expected()),
+            },
+        }
+    }
+
     fn typed<T: serde::de::DeserializeOwned>(
         &self,
         name: &str,
@@ -529,6 +545,18 @@ mod tests {
             std::str::from_utf8(&out).unwrap(),
             r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi \u00e9"}],"stream":true}"#
         );
+    }
+
+    #[test]
+    fn the_model_is_read_in_place_or_unescaped_and_must_be_a_string() {
+        let plain = parse(r#"{"model":"chat-default","messages":[]}"#).unwrap();
+        assert_eq!(plain.model.as_deref(), Some("chat-default"));
+        let escaped = parse(r#"{"model":"chat\u002ddefault \"x\"","messages":[]}"#).unwrap();
+        assert_eq!(escaped.model.as_deref(), Some(r#"chat-default "x""#));
+        let none = parse(r#"{"model":null,"messages":[]}"#).unwrap();
+        assert_eq!(none.model, None);
+        let err = parse(r#"{"model":7,"messages":[]}"#).err().unwrap();
+        assert_eq!(err.to_string(), "`model` must be a string");
     }
 
     #[test]

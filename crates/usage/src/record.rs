@@ -52,7 +52,7 @@ pub struct UsageRecord {
     pub tenant: String,
     pub key_id: String,
     /// The model name the client asked for.
-    pub alias: String,
+    pub alias: Arc<str>,
     /// The backend that produced the answer; `None` when none did.
     pub backend: Option<String>,
     /// The deployment (Azure) or model (OpenAI, Anthropic) name sent upstream.

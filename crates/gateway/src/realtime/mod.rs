@@ -45,7 +45,7 @@ pub struct Handshake {
     pub response: Result<Response<Body>, GatewayError>,
     pub trail: Trail,
     pub backend: Option<BackendId>,
-    pub alias: Option<String>,
+    pub alias: Option<Arc<str>>,
     /// (tenant, key id) of a handshake refused once the caller was known: the pipeline records
     /// it like any refused request. An accepted session records itself when it ends.
     pub refused: Option<(String, String)>,
@@ -56,7 +56,7 @@ pub struct Handshake {
 struct Seen {
     trail: Trail,
     backend: Option<BackendId>,
-    alias: Option<String>,
+    alias: Option<Arc<str>>,
     caller: Option<(String, String)>,
 }
 
@@ -101,7 +101,7 @@ async fn accept(
         _ => auth::authenticate(snapshot, request.headers())?,
     };
     seen.caller = Some((caller.tenant.name.clone(), caller.key.id.clone()));
-    seen.alias = Some(ask.alias.clone());
+    seen.alias = Some(Arc::from(ask.alias.as_str()));
     let (alias, alias_index) = pipeline::resolve(snapshot, &ask.alias, caller.tenant)?;
     let entered = runtime.sessions.enter().ok_or_else(|| {
         GatewayError::NoBackendAvailable(
@@ -155,7 +155,7 @@ async fn accept(
         at_ms: arrived_ms,
         tenant: caller.tenant.name.clone(),
         key_id: caller.key.id.clone(),
-        alias: ask.alias.clone(),
+        alias: Arc::from(ask.alias.as_str()),
         backend: Some(backend.name.clone()),
         model: Some(candidate.deployment.clone()),
         region: Some(backend.region.clone()),
