@@ -398,40 +398,46 @@ impl Metrics {
                 });
             }
         }
-        if record.cost_usd > 0.0 {
-            let labels = TenantAlias {
-                tenant: record.tenant.clone(),
-                alias: record.alias.to_string(),
-            };
-            self.cost.get_or_create(&labels).inc_by(record.cost_usd);
-        }
-        let seconds = |ms: u64| ms as f64 / 1000.0;
         recent::with(self.id, |r| {
-            r.durations
-                .find(
-                    |l| l.alias == alias,
-                    || {
-                        let labels = AliasLabel {
-                            alias: alias.to_owned(),
-                        };
-                        let histogram = self.duration.get_or_create(&labels).clone();
-                        (labels, histogram)
-                    },
-                )
-                .observe(seconds(record.duration_ms));
-        });
-        if let (true, Some(ttft)) = (record.stream, record.ttft_ms) {
-            let alias = AliasLabel {
-                alias: record.alias.to_string(),
+            if record.cost_usd > 0.0 {
+                r.costs
+                    .find(
+                        |l| l.tenant == tenant && l.alias == alias,
+                        || {
+                            let labels = TenantAlias {
+                                tenant: tenant.to_owned(),
+                                alias: alias.to_owned(),
+                            };
+                            let counter = self.cost.get_or_create(&labels).clone();
+                            (labels, counter)
+                        },
+                    )
+                    .inc_by(record.cost_usd);
+            }
+            let seconds = |ms: u64| ms as f64 / 1000.0;
+            let by_alias = |family: &Seconds| {
+                let labels = AliasLabel {
+                    alias: alias.to_owned(),
+                };
+                let histogram = family.get_or_create(&labels).clone();
+                (labels, histogram)
             };
-            self.ttft.get_or_create(&alias).observe(seconds(ttft));
+            r.durations
+                .find(|l| l.alias == alias, || by_alias(&self.duration))
+                .observe(seconds(record.duration_ms));
+            let (true, Some(ttft)) = (record.stream, record.ttft_ms) else {
+                return;
+            };
+            r.ttfts
+                .find(|l| l.alias == alias, || by_alias(&self.ttft))
+                .observe(seconds(ttft));
             if record.tokens.output > 0 {
                 let after = record.duration_ms.saturating_sub(ttft);
-                self.per_token
-                    .get_or_create(&alias)
+                r.per_token
+                    .find(|l| l.alias == alias, || by_alias(&self.per_token))
                     .observe(seconds(after) / record.tokens.output as f64);
             }
-        }
+        });
     }
 
     /// A config reload, applied or refused.
@@ -570,7 +576,7 @@ mod recent {
     use prometheus_client::metrics::gauge::Gauge;
     use prometheus_client::metrics::histogram::Histogram;
 
-    use super::{AliasLabel, AttemptLabels, RequestLabels, TenantLabel, TokenLabels};
+    use super::{AliasLabel, AttemptLabels, RequestLabels, TenantAlias, TenantLabel, TokenLabels};
 
     /// Series kept per family and thread.
     const KEPT: usize = 8;
@@ -583,6 +589,9 @@ mod recent {
         pub attempts: Ring<AttemptLabels, Counter>,
         pub tokens: Ring<TokenLabels, Counter>,
         pub durations: Ring<AliasLabel, Histogram>,
+        pub ttfts: Ring<AliasLabel, Histogram>,
+        pub per_token: Ring<AliasLabel, Histogram>,
+        pub costs: Ring<TenantAlias, Counter<f64, AtomicU64>>,
         pub in_flight: Ring<TenantLabel, Gauge>,
     }
 
@@ -677,6 +686,76 @@ mod tests {
             .find_map(|line| line.strip_prefix(&series))
             .unwrap_or("none")
             .to_owned()
+    }
+
+    fn finished_stream(tenant: &str, alias: &str, cost_usd: f64) -> UsageRecord {
+        UsageRecord {
+            request_id: "r".into(),
+            at_ms: 0,
+            tenant: tenant.into(),
+            key_id: "k".into(),
+            alias: alias.into(),
+            backend: None,
+            model: None,
+            region: None,
+            status: 200,
+            tokens: onedoor_usage::Tokens {
+                input: 3,
+                output: 4,
+                cached: 0,
+                source: onedoor_usage::Source::Measured,
+            },
+            estimated_tokens: 7,
+            cost_usd,
+            duration_ms: 500,
+            ttft_ms: Some(100),
+            attempts: String::new(),
+            stream: true,
+            stream_cut: false,
+        }
+    }
+
+    fn sample(text: &str, series: &str) -> String {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or("none")
+            .to_owned()
+    }
+
+    #[test]
+    fn costs_and_stream_timings_are_counted_by_their_labels() {
+        let metrics = Metrics::new();
+        for _ in 0..3 {
+            metrics.finished(&finished_stream("t", "a", 0.25));
+        }
+        metrics.finished(&finished_stream("u", "a", 0.5));
+        metrics.finished(&finished_stream("t", "b", 0.0));
+        let text = text(&metrics);
+        let cost = |tenant, alias| {
+            let series = format!("onedoor_cost_usd_total{{tenant=\"{tenant}\",alias=\"{alias}\"}}");
+            sample(&text, &series)
+        };
+        assert_eq!(cost("t", "a"), "0.75");
+        assert_eq!(cost("u", "a"), "0.5");
+        assert_eq!(cost("t", "b"), "none");
+        for family in [
+            "time_to_first_token_seconds",
+            "time_per_output_token_seconds",
+        ] {
+            let count = |alias| {
+                sample(
+                    &text,
+                    &format!("onedoor_{family}_count{{alias=\"{alias}\"}}"),
+                )
+            };
+            assert_eq!(
+                (count("a"), count("b")),
+                ("4".to_owned(), "1".to_owned()),
+                "{family}"
+            );
+        }
+        let per_token = "onedoor_time_per_output_token_seconds_sum{alias=\"b\"}";
+        assert_eq!(sample(&text, per_token), "0.1");
     }
 
     #[test]
