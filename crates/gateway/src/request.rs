@@ -287,22 +287,16 @@ impl ClientRequest {
             .map(|field| field.value(raw))
     }
 
-    /// A field decoded as `T`, `None` when absent or null.
-    /// The string member `name`, read in place unless it has escapes: the one copy of it that
-    /// the call, its log line and its usage record share.
+    /// The string member `name`, read in place unless it has escapes (then as [`Self::typed`]
+    /// reads it): the one copy of it that the call, its log line and its usage record share.
     fn text(&self, name: &str) -> Result<Option<Arc<str>>, GatewayError> {
-        let expected = || GatewayError::InvalidRequest(format!("`{name}` must be a string"));
-        match self.field(name) {
-            None | Some(b"null") => Ok(None),
-            Some(raw) => match serde_json::from_slice::<&str>(raw) {
-                Ok(text) => Ok(Some(Arc::from(text))),
-                Err(_) => serde_json::from_slice::<String>(raw)
-                    .map(|text| Some(Arc::from(text)))
-                    .map_err(|_| expected()),
-            },
+        if let Some(Ok(text)) = self.field(name).map(serde_json::from_slice::<&str>) {
+            return Ok(Some(Arc::from(text)));
         }
+        Ok(self.typed::<String>(name, "a string")?.map(Arc::from))
     }
 
+    /// A field decoded as `T`, `None` when absent or null.
     fn typed<T: serde::de::DeserializeOwned>(
         &self,
         name: &str,

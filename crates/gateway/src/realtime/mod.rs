@@ -101,7 +101,9 @@ async fn accept(
         _ => auth::authenticate(snapshot, request.headers())?,
     };
     seen.caller = Some((caller.tenant.name.clone(), caller.key.id.clone()));
-    seen.alias = Some(Arc::from(ask.alias.as_str()));
+    // One copy of the name, for the handshake's record and the session's usage record.
+    let alias_name: Arc<str> = Arc::from(ask.alias.as_str());
+    seen.alias = Some(alias_name.clone());
     let (alias, alias_index) = pipeline::resolve(snapshot, &ask.alias, caller.tenant)?;
     let entered = runtime.sessions.enter().ok_or_else(|| {
         GatewayError::NoBackendAvailable(
@@ -155,7 +157,7 @@ async fn accept(
         at_ms: arrived_ms,
         tenant: caller.tenant.name.clone(),
         key_id: caller.key.id.clone(),
-        alias: Arc::from(ask.alias.as_str()),
+        alias: alias_name,
         backend: Some(backend.name.clone()),
         model: Some(candidate.deployment.clone()),
         region: Some(backend.region.clone()),
