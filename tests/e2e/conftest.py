@@ -54,8 +54,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="session")
-def demo():
-    with running_demo() as started:
+def demo(tmp_path_factory):
+    """The demo most tests share, in a folder of its own: its usage file stays out of the checkout."""
+    with running_demo(cwd=str(tmp_path_factory.mktemp("demo"))) as started:
         yield started
 
 
@@ -67,7 +68,7 @@ def own_demo(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_demo(cwd: str | None = None):
+def running_demo(cwd: str):
     """A fresh `onedoor demo` (in `cwd`, where it keeps its usage file), stopped on exit."""
     binary = os.environ.get("ONEDOOR_BIN", "")
     if not binary or not os.path.isfile(binary) or not os.access(binary, os.X_OK):
@@ -76,6 +77,8 @@ def running_demo(cwd: str | None = None):
             "run `cargo build -p onedoor` first (tests/e2e/run points ONEDOOR_BIN at target/debug/onedoor)",
             pytrace=False,
         )
+    # The demo runs in `cwd`: a relative path to the binary is read from here.
+    binary = os.path.abspath(binary)
     port = _free_port()
     # The gateway logs every request on stderr: a file, not an unread pipe that could fill up and block it.
     stderr = tempfile.TemporaryFile(mode="w+", prefix="onedoor-demo-stderr-")
