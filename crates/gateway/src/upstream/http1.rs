@@ -281,6 +281,11 @@ fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
     let target = request.uri().path_and_query().map_or("/", |p| p.as_str());
     head.extend_from_slice(target.as_bytes());
     head.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(host) = host_of(request) {
+        head.extend_from_slice(b"host: ");
+        head.extend_from_slice(host.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
     for (name, value) in request.headers() {
         if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
             continue;
@@ -301,6 +306,23 @@ fn encode(request: &Request<Bytes>, inline: usize) -> (Vec<u8>, Bytes) {
         return (head, Bytes::new());
     }
     (head, body.clone())
+}
+
+/// The `host` line a request needs when it has no `host` header: its URI's authority, without
+/// the scheme's default port. The request line carries the path alone (origin form).
+fn host_of(request: &Request<Bytes>) -> Option<&str> {
+    if request.headers().contains_key(header::HOST) {
+        return None;
+    }
+    let authority = request.uri().authority()?;
+    let default_port = match request.uri().scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    Some(match authority.port_u16() {
+        Some(port) if port == default_port => authority.host(),
+        _ => authority.as_str(),
+    })
 }
 
 /// The answer headers the gateway reads: the content type, the retry hints
@@ -623,6 +645,30 @@ mod tests {
         let (head, body) = encode(&large, TLS_ONE_WRITE);
         assert!(head.ends_with(&[b'x'; INLINE_BODY + 1]));
         assert!(body.is_empty());
+    }
+
+    #[test]
+    fn a_request_to_a_full_url_goes_out_in_origin_form_with_its_host() {
+        let line = |uri: &str| {
+            let request = Request::get(uri).body(Bytes::new()).unwrap();
+            let head = String::from_utf8(encode(&request, INLINE_BODY).0).unwrap();
+            head.lines().take(2).collect::<Vec<_>>().join("|")
+        };
+        assert_eq!(
+            line("https://a.example:443/x?q=1"),
+            "GET /x?q=1 HTTP/1.1|host: a.example"
+        );
+        assert_eq!(
+            line("http://a.example:8080/x"),
+            "GET /x HTTP/1.1|host: a.example:8080"
+        );
+        assert_eq!(line("http://a.example"), "GET / HTTP/1.1|host: a.example");
+        let named = Request::get("http://a.example/x")
+            .header("host", "b.example")
+            .body(Bytes::new())
+            .unwrap();
+        let head = String::from_utf8(encode(&named, INLINE_BODY).0).unwrap();
+        assert_eq!(head, "GET /x HTTP/1.1\r\nhost: b.example\r\n\r\n");
     }
 
     /// A raw upstream that takes one request at a time in small, slow reads, so the gateway's

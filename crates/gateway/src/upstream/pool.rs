@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{header, HeaderValue, Request, Response, Uri};
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -140,9 +140,8 @@ impl Pool {
         &self,
         connection: Http1,
         address: Address,
-        mut request: Request<Bytes>,
+        request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, Unsent> {
-        origin_form(&mut request, &address);
         match connection.send(request).await {
             Ok(response) => Ok(response.map(|body| {
                 let home = body.may_return().then(|| Home {
@@ -206,37 +205,6 @@ async fn send_http2(
 async fn drive<F: std::future::Future<Output = hyper::Result<()>>>(connection: F) {
     if let Err(error) = connection.await {
         tracing::debug!(error = %describe(&error), "upstream connection ended");
-    }
-}
-
-/// HTTP/1.1 wants the path alone on the request line and the authority in `host`.
-fn origin_form(request: &mut Request<Bytes>, address: &Address) {
-    if request.uri().scheme().is_none() {
-        return;
-    }
-    if !request.headers().contains_key(header::HOST) {
-        if let Ok(host) = HeaderValue::from_str(host_of(address)) {
-            request.headers_mut().insert(header::HOST, host);
-        }
-    }
-    let path = request
-        .uri()
-        .path_and_query()
-        .cloned()
-        .unwrap_or_else(|| PathAndQuery::from_static("/"));
-    *request.uri_mut() = Uri::from(path);
-}
-
-/// The authority as `host` carries it: without the scheme's default port.
-fn host_of(address: &Address) -> &str {
-    let authority = &address.authority;
-    let default_port = match address.scheme.as_str() {
-        "https" => 443,
-        _ => 80,
-    };
-    match authority.port_u16() {
-        Some(port) if port == default_port => authority.host(),
-        _ => authority.as_str(),
     }
 }
 
@@ -503,6 +471,7 @@ mod tests {
     use tokio::net::TcpListener;
 
     use super::*;
+    use http::{header, HeaderValue};
 
     /// A server on an ephemeral port that hands each accepted socket to `serve` and counts them;
     /// its `/v1/chat` URI.
@@ -962,16 +931,5 @@ mod tests {
         let answers = futures_util::future::join_all((0..4).map(|_| text(&pool, &uri))).await;
         assert_eq!(answers, vec!["HTTP/2.0"; 4]);
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    }
-
-    #[test]
-    fn host_leaves_out_the_default_port() {
-        let address = |uri: &str| Address::of(&uri.parse().unwrap()).unwrap();
-        assert_eq!(host_of(&address("https://a.example:443/x")), "a.example");
-        assert_eq!(
-            host_of(&address("http://a.example:8080/x")),
-            "a.example:8080"
-        );
-        assert_eq!(host_of(&address("http://a.example/x")), "a.example");
     }
 }
