@@ -117,7 +117,7 @@ fn backend(
     let api_version = version(f, "api_version", provider, Provider::Azure, p);
     let anthropic_version = version(f, "anthropic_version", provider, Provider::Anthropic, p);
     Backend {
-        name: name.to_owned(),
+        name: name.into(),
         provider: provider.unwrap_or(Provider::OpenAi),
         url: f
             .required("url", p)
@@ -127,7 +127,7 @@ fn backend(
             .required("region", p)
             .and_then(|n| read::name(n, p))
             .unwrap_or_default()
-            .to_owned(),
+            .into(),
         api_key: f.secret("api_key", p),
         api_version: api_version.unwrap_or_else(|| DEFAULT_API_VERSION.to_owned()),
         anthropic_version: anthropic_version

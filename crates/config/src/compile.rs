@@ -39,7 +39,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
     let known = Known {
         models: &models,
         groups: &regions,
-        backend_regions: backends.list.iter().map(|b| b.region.as_str()).collect(),
+        backend_regions: backends.list.iter().map(|b| &*b.region).collect(),
     };
     let tenants = tenants::tenants(f.get("tenants"), &known, p);
     Snapshot {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A secret value (upstream key, admin token). Its `Debug` and `Display` never show the value.
@@ -215,11 +216,11 @@ pub struct HealthCheck {
 
 #[derive(Debug, Clone)]
 pub struct Backend {
-    pub name: String,
+    pub name: Arc<str>,
     pub provider: Provider,
     /// Base URL without a trailing slash.
     pub url: String,
-    pub region: String,
+    pub region: Arc<str>,
     pub api_key: Option<Secret>,
     /// Azure only; defaults to `2024-10-21`.
     pub api_version: String,
@@ -273,7 +274,7 @@ pub struct Target {
     pub backend: BackendId,
     /// The deployment (Azure) or model (OpenAI, Anthropic) name sent upstream. `None` only on
     /// `"*"` targets: the requested name is used.
-    pub deployment: Option<String>,
+    pub deployment: Option<Arc<str>>,
     /// Lower is preferred; default 1.
     pub priority: u32,
     /// Default 1; zero is rejected by validation.
@@ -293,7 +294,7 @@ pub struct Alias {
 
 #[derive(Debug, Clone)]
 pub struct Key {
-    pub id: String,
+    pub id: Arc<str>,
     pub sha256: [u8; 32],
     /// Unix seconds until which this key may ask for decision traces.
     pub trace_until: Option<i64>,
@@ -302,7 +303,7 @@ pub struct Key {
 
 #[derive(Debug, Clone)]
 pub struct Tenant {
-    pub name: String,
+    pub name: Arc<str>,
     pub keys: Vec<Key>,
     /// Aliases this tenant may use; `None` means every alias (and `"*"`).
     pub models: Option<Vec<String>>,

@@ -3,6 +3,7 @@
 //! through to a set of backends.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::backends::Backends;
 use crate::model::{Alias, AliasId, BackendId, Lookup, Price, Target};
@@ -105,10 +106,10 @@ fn targets(alias: &Fields, wildcard: bool, backends: &Backends, p: &mut Problems
         p.at(node.mark, "an alias needs at least one target");
     }
     let mut targets = Vec::new();
-    let mut seen: Vec<(BackendId, Option<String>, Mark)> = Vec::new();
+    let mut seen: Vec<(BackendId, Option<Arc<str>>, Mark)> = Vec::new();
     for item in items {
         for (target, mark) in target_entry(item, wildcard, backends, p) {
-            let same = |(b, d, _): &&(BackendId, Option<String>, Mark)| {
+            let same = |(b, d, _): &&(BackendId, Option<Arc<str>>, Mark)| {
                 *b == target.backend && *d == target.deployment
             };
             if let Some((_, _, first)) = seen.iter().find(same) {
@@ -191,7 +192,7 @@ fn target_entry(
 
 /// `deployment` or `model` (the same thing in each provider's words); required except on `"*"`.
 /// `Err` once a problem with it is reported.
-fn deployment(f: &Fields, wildcard: bool, p: &mut Problems) -> Result<Option<String>, ()> {
+fn deployment(f: &Fields, wildcard: bool, p: &mut Problems) -> Result<Option<Arc<str>>, ()> {
     let key = match (f.has("deployment"), f.has("model")) {
         (true, true) => {
             p.at(f.key_mark("model"), "write deployment or model, not both");
@@ -207,7 +208,7 @@ fn deployment(f: &Fields, wildcard: bool, p: &mut Problems) -> Result<Option<Str
         }
     };
     match f.get(key).and_then(|n| read::name(n, p)) {
-        Some(name) => Ok(Some(name.to_owned())),
+        Some(name) => Ok(Some(name.into())),
         None => Err(()),
     }
 }

@@ -63,7 +63,7 @@ pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> T
                 .or_insert((id, index));
         }
         tenants.list.push(Tenant {
-            name: name.unwrap_or_default().to_owned(),
+            name: name.unwrap_or_default().into(),
             keys,
             models: f.get("models").map(|n| models(n, known.models, p)),
             regions: f.get("regions").map(|n| regions(n, known, p)),
@@ -107,7 +107,7 @@ fn keys(node: Option<&Node>, seen: &mut Seen, p: &mut Problems) -> Vec<Key> {
             }
         }
         keys.push(Key {
-            id: id.to_owned(),
+            id: id.into(),
             sha256: sha256.unwrap_or_default(),
             trace_until: f.get("trace_until").and_then(|n| read::timestamp(n, p)),
             limits: limits::limits(f.get("limits"), limits::TENANT, p),

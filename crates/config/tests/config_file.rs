@@ -86,7 +86,7 @@ fn the_contract_example_compiles() {
     assert_eq!(s.usage.store, "sqlite://onedoor-usage.db");
     assert_eq!(s.routing.not_served_ttl, Duration::from_secs(3600));
 
-    let names: Vec<&str> = s.backends.iter().map(|b| b.name.as_str()).collect();
+    let names: Vec<&str> = s.backends.iter().map(|b| &*b.name).collect();
     assert_eq!(
         names,
         [

@@ -62,7 +62,7 @@ pub struct Answered<'a> {
     pub alias: Option<&'a str>,
     pub backend: Option<&'a str>,
     /// (backend, outcome) of every upstream attempt.
-    pub attempts: &'a [(String, crate::upstream::Outcome)],
+    pub attempts: &'a [(std::sync::Arc<str>, crate::upstream::Outcome)],
 }
 
 /// How many errors of one kind so far.
@@ -310,8 +310,8 @@ mod tests {
     fn a_success_is_a_request_and_an_error_is_also_counted_by_code_and_listed() {
         let activity = Activity::default();
         let attempts = [
-            ("a".to_owned(), "500".into()),
-            ("b".to_owned(), "connect_error".into()),
+            ("a".into(), "500".into()),
+            ("b".into(), "connect_error".into()),
         ];
         activity.answered(&Answered {
             attempts: &attempts,

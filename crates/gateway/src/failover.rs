@@ -4,6 +4,7 @@
 //! not-served cache, 429s into cooldowns, every outcome into its backend's circuit breaker.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use onedoor_config::Snapshot;
@@ -26,7 +27,8 @@ const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 /// Every attempt of one request, in order, for `x-onedoor-attempts`, logs and traces.
 #[derive(Debug, Default)]
 pub struct Trail {
-    pub attempts: SmallVec<[(String, Outcome); 2]>,
+    /// Each attempt's backend, its name shared with the configuration, and outcome.
+    pub attempts: SmallVec<[(Arc<str>, Outcome); 2]>,
     /// Time spent waiting on upstreams (to a stream's first content), for the overhead metric.
     pub upstream: Duration,
     /// The decision trace, when the request asked for one and may have it.
@@ -36,8 +38,8 @@ pub struct Trail {
 }
 
 impl Trail {
-    fn push(&mut self, backend: &str, outcome: Outcome) {
-        self.attempts.push((backend.to_owned(), outcome));
+    fn push(&mut self, backend: Arc<str>, outcome: Outcome) {
+        self.attempts.push((backend, outcome));
     }
 
     /// `backend=outcome,...` as the header carries it.
@@ -82,7 +84,7 @@ pub struct Failover<'a> {
     /// The request's token estimate, for headroom.
     tokens: u64,
     /// Regions of failed attempts: a retry prefers another one.
-    tried_regions: Vec<String>,
+    tried_regions: Vec<Arc<str>>,
     /// Probes of half-open breakers this request got and has not sent yet; dropped with the
     /// request, they free the probe for the next one.
     probes: Vec<ProbePermit>,
@@ -137,11 +139,19 @@ impl<'a> Failover<'a> {
         &self.runtime.snapshot
     }
 
+    /// The candidate's backend name as the trail keeps it: the configuration's, shared.
+    fn backend_label(&self, candidate: &Candidate) -> Arc<str> {
+        self.snapshot()
+            .backends
+            .get(candidate.backend)
+            .map_or_else(|| Arc::from("?"), |b| b.name.clone())
+    }
+
     fn backend_name(&self, candidate: &Candidate) -> &'a str {
         self.snapshot()
             .backends
             .get(candidate.backend)
-            .map(|b| b.name.as_str())
+            .map(|b| &*b.name)
             .unwrap_or("?")
     }
 
@@ -214,8 +224,9 @@ impl<'a> Failover<'a> {
             }
             match attempted {
                 Ok(value) => {
+                    let label = self.backend_label(candidate);
                     self.observe(i, Observed::Success).await;
-                    trail.push(backend, Outcome::Borrowed("200"));
+                    trail.push(label, Outcome::Borrowed("200"));
                     if self.plan.candidates[i].discovery {
                         let ttl = self.snapshot().routing.not_served_ttl.as_millis() as u64;
                         self.runtime.state.mark_served_detached(self.key(i), ttl);
@@ -224,8 +235,9 @@ impl<'a> Failover<'a> {
                     return Ok((self.plan.candidates.swap_remove(i), value));
                 }
                 Err(failure) => {
+                    let label = self.backend_label(candidate);
                     self.observe(i, Observed::of(&failure)).await;
-                    trail.push(backend, failure.label());
+                    trail.push(label, failure.label());
                     tracing::debug!(%backend, outcome = %failure.label(), detail = failure.detail(), "attempt failed");
                     let next = self.settle(i, failure).await;
                     if self.verdicts.last() != Some(&Verdict::NotServed) {

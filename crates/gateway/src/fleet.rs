@@ -128,7 +128,7 @@ impl Fleet {
             .map(|backend| {
                 let kept = previous_snapshot
                     .backend_by_name
-                    .get(&backend.name)
+                    .get(&*backend.name)
                     .and_then(|&id| previous.flags.get(id))
                     .cloned();
                 let flags = kept.unwrap_or_default();

@@ -74,7 +74,7 @@ impl Probe {
         flags: Arc<Flags>,
     ) -> Self {
         Probe {
-            name: backend.name.clone(),
+            name: backend.name.to_string(),
             uri: format!("{}{}", backend.url, check.path),
             headers,
             client,

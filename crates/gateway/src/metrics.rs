@@ -3,6 +3,7 @@
 //! learned state when scraped. One set per gateway, carried over reloads with the recorder.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use onedoor_state::{now_ms, State};
@@ -335,15 +336,15 @@ impl Metrics {
     }
 
     /// Every upstream attempt of a request, as `x-onedoor-attempts` lists them.
-    pub fn attempted(&self, attempts: &[(String, crate::upstream::Outcome)]) {
+    pub fn attempted(&self, attempts: &[(Arc<str>, crate::upstream::Outcome)]) {
         for (backend, outcome) in attempts {
             recent::with(self.id, |r| {
                 r.attempts
                     .find(
-                        |l| l.backend == *backend && l.outcome == *outcome,
+                        |l| *l.backend == **backend && l.outcome == *outcome,
                         || {
                             let labels = AttemptLabels {
-                                backend: backend.clone(),
+                                backend: backend.to_string(),
                                 outcome: outcome.to_string(),
                             };
                             let counter = self.attempts.get_or_create(&labels).clone();
@@ -367,7 +368,7 @@ impl Metrics {
         self.activity
             .finished(tokens.input, tokens.output, record.cost_usd);
         let source = record.tokens.source.as_str();
-        let (tenant, alias) = (record.tenant.as_str(), &*record.alias);
+        let (tenant, alias) = (&*record.tenant, &*record.alias);
         for (kind, count) in [
             ("input", record.tokens.input),
             ("output", record.tokens.output),
@@ -468,13 +469,13 @@ impl Metrics {
         let now = now_ms();
         for (i, backend) in runtime.snapshot.backends.iter().enumerate() {
             let labels = BackendLabels {
-                backend: backend.name.clone(),
-                region: backend.region.clone(),
+                backend: backend.name.to_string(),
+                region: backend.region.to_string(),
             };
             if let Some(transitions) = runtime.breakers.transitions(i) {
                 for (to, total) in crate::breaker::TRANSITIONS.into_iter().zip(transitions) {
                     let labels = TransitionLabels {
-                        backend: backend.name.clone(),
+                        backend: backend.name.to_string(),
                         to,
                     };
                     catch_up(&self.transitions.get_or_create(&labels), total);
@@ -494,7 +495,7 @@ impl Metrics {
                 ] {
                     if let Some(left) = view["window"][field].as_i64() {
                         let labels = HeadroomLabels {
-                            backend: backend.name.clone(),
+                            backend: backend.name.to_string(),
                             kind,
                         };
                         self.headroom.get_or_create(&labels).set(left);

@@ -39,8 +39,8 @@ use crate::usage::{self, Usage, UsageReport};
 struct Exchange {
     trail: Trail,
     backend: Option<usize>,
-    tenant: Option<String>,
-    key_id: Option<String>,
+    tenant: Option<Arc<str>>,
+    key_id: Option<Arc<str>>,
     alias: Option<Arc<str>>,
     /// The deployment or model name sent to `backend`.
     deployment: Option<Arc<str>>,
@@ -160,7 +160,7 @@ async fn observe(
         backend: exchange
             .backend
             .and_then(|b| runtime.snapshot.backends.get(b))
-            .map(|b| b.name.as_str()),
+            .map(|b| &*b.name),
         attempts: &exchange.trail.attempts,
     });
     metrics.attempted(&exchange.trail.attempts);

@@ -137,7 +137,10 @@ fn open(
         };
         let candidate = Candidate {
             backend: target.backend,
-            deployment: Arc::from(target.deployment.as_deref().unwrap_or(requested)),
+            deployment: match &target.deployment {
+                Some(deployment) => deployment.clone(),
+                None => Arc::from(requested),
+            },
             priority: target.priority,
             weight: target.weight.max(1),
             discovery: target.deployment.is_none(),
@@ -213,7 +216,7 @@ const INLINE_TARGETS: usize = 4;
 impl<'a> Reading<'a> {
     fn of(runtime: &'a Runtime, open: &'a [Candidate]) -> Self {
         let backends = &runtime.snapshot.backends;
-        let name = |id: BackendId| backends.get(id).map_or("?", |b| b.name.as_str());
+        let name = |id: BackendId| backends.get(id).map_or("?", |b| &*b.name);
         let targets = open
             .iter()
             .map(|c| (name(c.backend), &*c.deployment))

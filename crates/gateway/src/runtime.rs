@@ -106,7 +106,7 @@ impl Runtime {
         next.traces = self.traces.clone();
         next.telemetry = crate::telemetry::carry_over(&self.telemetry, &next.snapshot);
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
-            let Some(&old) = self.snapshot.backend_by_name.get(&backend.name) else {
+            let Some(&old) = self.snapshot.backend_by_name.get(&*backend.name) else {
                 continue;
             };
             if let (Some(load), Some(slot)) = (self.loads.get(old), next.loads.get_mut(id)) {

@@ -82,7 +82,7 @@ pub async fn follow(
     }
     let Some(token) = presented else {
         return Ok(Session::New {
-            tenant: tenant.name.clone(),
+            tenant: tenant.name.to_string(),
         });
     };
     let unknown = || {
@@ -103,7 +103,7 @@ pub async fn follow(
     let backend = runtime.snapshot.backend_by_name.get(&holder).copied();
     pin_to(plan, backend, &holder, &alias.name)?;
     Ok(Session::Pinned {
-        tenant: tenant.name.clone(),
+        tenant: tenant.name.to_string(),
         token: token.to_owned(),
     })
 }

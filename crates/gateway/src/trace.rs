@@ -63,8 +63,8 @@ impl Decision {
 
     /// The router's plan: every candidate kept, every one excluded with its reason.
     pub fn plan(&mut self, runtime: &Runtime, plan: &Plan) {
-        let name = |b: usize| runtime.snapshot.backends.get(b).map(|b| b.name.as_str());
-        let region = |b: usize| runtime.snapshot.backends.get(b).map(|b| b.region.as_str());
+        let name = |b: usize| runtime.snapshot.backends.get(b).map(|b| &*b.name);
+        let region = |b: usize| runtime.snapshot.backends.get(b).map(|b| &*b.region);
         let kept: Vec<Value> = plan
             .candidates
             .iter()

@@ -49,15 +49,15 @@ pub struct UsageRecord {
     pub request_id: String,
     /// When the request arrived, in milliseconds since the Unix epoch.
     pub at_ms: u64,
-    pub tenant: String,
-    pub key_id: String,
+    pub tenant: Arc<str>,
+    pub key_id: Arc<str>,
     /// The model name the client asked for.
     pub alias: Arc<str>,
     /// The backend that produced the answer; `None` when none did.
-    pub backend: Option<String>,
+    pub backend: Option<Arc<str>>,
     /// The deployment (Azure) or model (OpenAI, Anthropic) name sent upstream.
     pub model: Option<Arc<str>>,
-    pub region: Option<String>,
+    pub region: Option<Arc<str>>,
     /// The HTTP status the caller got.
     pub status: u16,
     pub tokens: Tokens,

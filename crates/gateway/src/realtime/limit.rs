@@ -59,13 +59,13 @@ pub async fn admit(
             meter(&tenant.name, None),
             tenant.limits.max_sessions,
             "tenant",
-            tenant.name.as_str(),
+            &*tenant.name,
         ),
         (
             meter(&tenant.name, Some(&key.id)),
             key.limits.max_sessions,
             "key",
-            key.id.as_str(),
+            &*key.id,
         ),
     ];
     let meters: Vec<(MeterKey, MeterLimits)> = limits
@@ -102,7 +102,7 @@ pub async fn admit(
             let (scope, name) = limits
                 .iter()
                 .find(|(m, ..)| Some(m) == refusing.as_ref())
-                .map_or(("tenant", tenant.name.as_str()), |(_, _, scope, name)| {
+                .map_or(("tenant", &*tenant.name), |(_, _, scope, name)| {
                     (*scope, *name)
                 });
             Err(GatewayError::RateLimited {

@@ -48,7 +48,7 @@ pub struct Handshake {
     pub alias: Option<Arc<str>>,
     /// (tenant, key id) of a handshake refused once the caller was known: the pipeline records
     /// it like any refused request. An accepted session records itself when it ends.
-    pub refused: Option<(String, String)>,
+    pub refused: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// What the handshake learned on its way, whatever its outcome.
@@ -57,7 +57,7 @@ struct Seen {
     trail: Trail,
     backend: Option<BackendId>,
     alias: Option<Arc<str>>,
-    caller: Option<(String, String)>,
+    caller: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// Answers a realtime handshake: 101 with the session running, or the refusal. A traced
