@@ -196,7 +196,7 @@ impl<'a> Failover<'a> {
                 }
                 continue;
             }
-            let backend = self.backend_name(&self.plan.candidates[i]);
+            let backend = self.backend_label(&self.plan.candidates[i]);
             let fitness = trail
                 .trace
                 .as_ref()
@@ -214,7 +214,7 @@ impl<'a> Failover<'a> {
                     Err(failure) => (failure.label(), Some(failure.detail().to_string())),
                 };
                 trace.attempt(
-                    backend,
+                    &backend,
                     &candidate.deployment,
                     fitness,
                     began,
@@ -224,9 +224,8 @@ impl<'a> Failover<'a> {
             }
             match attempted {
                 Ok(value) => {
-                    let label = self.backend_label(candidate);
                     self.observe(i, Observed::Success).await;
-                    trail.push(label, Outcome::Borrowed("200"));
+                    trail.push(backend, Outcome::Borrowed("200"));
                     if self.plan.candidates[i].discovery {
                         let ttl = self.snapshot().routing.not_served_ttl.as_millis() as u64;
                         self.runtime.state.mark_served_detached(self.key(i), ttl);
@@ -235,10 +234,10 @@ impl<'a> Failover<'a> {
                     return Ok((self.plan.candidates.swap_remove(i), value));
                 }
                 Err(failure) => {
-                    let label = self.backend_label(candidate);
                     self.observe(i, Observed::of(&failure)).await;
-                    trail.push(label, failure.label());
-                    tracing::debug!(%backend, outcome = %failure.label(), detail = failure.detail(), "attempt failed");
+                    let outcome = failure.label();
+                    tracing::debug!(%backend, %outcome, detail = failure.detail(), "attempt failed");
+                    trail.push(backend, outcome);
                     let next = self.settle(i, failure).await;
                     if self.verdicts.last() != Some(&Verdict::NotServed) {
                         counted += 1;
