@@ -101,7 +101,7 @@ async fn readiness(h: &Harness, gateway: &onedoor_gateway::Running) -> (u16, ser
 
 #[tokio::test]
 async fn fail_open_serves_with_local_limits_while_redis_is_down_and_shares_again_when_it_is_back() {
-    let mut redis = OwnRedis::start(closed_port());
+    let mut redis = OwnRedis::start(free_port());
     let config = config(&redis, "fail_open", "{ rpm: 10 }");
     let h = Harness::start(
         vec![EndpointSpec::azure("a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))],
@@ -148,7 +148,7 @@ async fn fail_open_serves_with_local_limits_while_redis_is_down_and_shares_again
 #[tokio::test]
 async fn fail_closed_answers_503_state_unavailable_while_redis_is_down_and_serves_when_it_is_back()
 {
-    let mut redis = OwnRedis::start(closed_port());
+    let mut redis = OwnRedis::start(free_port());
     let h = Harness::start(
         vec![EndpointSpec::azure("a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))],
         &config(&redis, "fail_closed", "{ rpm: 1000 }"),
