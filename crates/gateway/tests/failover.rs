@@ -119,7 +119,7 @@ async fn a_5xx_fails_over_to_another_target_of_the_group_at_once() {
 
 #[tokio::test]
 async fn a_connection_error_and_a_reset_fail_over() {
-    let (_refusing, down) = refusing_port();
+    let (_refusing, down) = onedoor_mock::refusing_port().unwrap();
     let h = Harness::start(
         vec![
             azure("resets", "swedencentral", &["gpt-4o"]).behavior(Behavior {
@@ -535,7 +535,7 @@ async fn running_out_of_total_time_answers_upstream_timeout() {
 
 #[tokio::test]
 async fn a_name_no_reachable_backend_serves_is_model_not_found_on_the_discovery_alias() {
-    let (_refusing, down) = refusing_port();
+    let (_refusing, down) = onedoor_mock::refusing_port().unwrap();
     let h = Harness::start(
         vec![azure("a", "swedencentral", &["gpt-4o"]), azure("b", "swedencentral", &["gpt-4o"])],
         &format!(

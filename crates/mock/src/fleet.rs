@@ -4,11 +4,21 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
 use crate::state::{lock, Shared};
 use crate::{server, Behavior, Dialect, EndpointSpec, RealtimeHandshake};
+
+/// A loopback port for an endpoint that is down: it refuses every connection for as long as the
+/// returned socket lives. The socket is bound to the port and never listens, so no other listener
+/// (a gateway's, a fleet endpoint's) can be given the port meanwhile.
+pub fn refusing_port() -> std::io::Result<(TcpSocket, u16)> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))?;
+    let port = socket.local_addr()?.port();
+    Ok((socket, port))
+}
 
 /// A running endpoint. Dropping it stops it.
 pub struct Endpoint {

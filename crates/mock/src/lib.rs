@@ -29,7 +29,7 @@ mod stream;
 mod yaml;
 
 pub use behavior::Behavior;
-pub use fleet::{Endpoint, Fleet};
+pub use fleet::{refusing_port, Endpoint, Fleet};
 pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};
 pub use yaml::{run_from_yaml, specs_from_yaml};

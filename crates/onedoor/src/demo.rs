@@ -4,8 +4,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
-use tokio::net::TcpSocket;
+use onedoor_mock::{refusing_port, Behavior, DeploymentSpec, EndpointSpec, Fleet};
 
 use crate::keys::{new_key, sha256_hex};
 use crate::{problems_text, stopped, Failure};
@@ -60,17 +59,6 @@ fn fleet_specs() -> Vec<EndpointSpec> {
         false => spec,
     })
     .collect()
-}
-
-/// The "down" subscription's loopback port, refusing every connection for as long as the
-/// returned socket lives: bound and never listening, so neither the gateway's listeners nor the
-/// fleet's can be given the port while the demo runs.
-fn refusing_port() -> Result<(TcpSocket, u16), Failure> {
-    let failed = |e: std::io::Error| Failure::Runtime(format!("cannot reserve a down port: {e}"));
-    let socket = TcpSocket::new_v4().map_err(failed)?;
-    socket.bind(([127, 0, 0, 1], 0).into()).map_err(failed)?;
-    let port = socket.local_addr().map_err(failed)?.port();
-    Ok((socket, port))
 }
 
 fn url(fleet: &Fleet, name: &str) -> String {
@@ -283,7 +271,9 @@ pub async fn run(port: u16) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("cannot start the simulated fleet: {e}")))?;
     let key = new_key();
     let admin_token = new_key();
-    let (_refusing, down_port) = refusing_port()?;
+    // The "down" subscription: held for as long as the demo runs.
+    let (_refusing, down_port) = refusing_port()
+        .map_err(|e| Failure::Runtime(format!("cannot reserve a down port: {e}")))?;
     let yaml = config_yaml(&fleet, port, down_port, &sha256_hex(&key), &admin_token);
     let snapshot = onedoor_config::parse(&yaml, Path::new("<demo>"), &|_| None).map_err(|p| {
         Failure::Runtime(format!(

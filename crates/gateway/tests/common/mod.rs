@@ -65,20 +65,10 @@ impl Answer {
 }
 
 /// A loopback port free when asked, for a process the test then starts on it. Nothing holds it:
-/// for a backend that must stay down, take [`refusing_port`].
+/// for a backend that must stay down, take `onedoor_mock::refusing_port`.
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
-}
-
-/// A loopback port that refuses every connection for as long as the returned socket lives: the
-/// socket is bound to it and never listens, so no other listener (the gateway's own, a simulated
-/// upstream's) can be given the port meanwhile.
-pub fn refusing_port() -> (tokio::net::TcpSocket, u16) {
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind(([127, 0, 0, 1], 0).into()).unwrap();
-    let port = socket.local_addr().unwrap().port();
-    (socket, port)
 }
 
 impl Harness {
