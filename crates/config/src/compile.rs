@@ -8,11 +8,16 @@ use crate::problems::Problems;
 use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
-use crate::{backends, breakers, models, realtime, regions, routing, service, telemetry, tenants};
+use crate::{
+    backends, breakers, connections, models, realtime, regions, routing, service, telemetry,
+    tenants,
+};
 
 const SECTIONS: &[&str] = &[
     "listen",
     "max_request_body",
+    "max_connections",
+    "client_timeouts",
     "admin",
     "state",
     "usage",
@@ -46,6 +51,8 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         source: source.to_path_buf(),
         listen,
         max_request_body: service::max_request_body(f.get("max_request_body"), p),
+        max_connections: connections::max_connections(f.get("max_connections"), p),
+        client_timeouts: connections::client_timeouts(f.get("client_timeouts"), p),
         admin: service::admin(f.get("admin"), listen, p),
         state: service::state(f.get("state"), p),
         usage: service::usage(f.get("usage"), p),

@@ -6,6 +6,7 @@ pub mod model;
 mod backends;
 mod breakers;
 mod compile;
+mod connections;
 mod limits;
 mod models;
 mod problems;

@@ -49,6 +49,10 @@ pub struct Snapshot {
     pub listen: SocketAddr,
     /// Bodies larger than this get 413 `request_too_large`.
     pub max_request_body: u64,
+    /// Open client connections at most; past it a new one is answered 503 and closed.
+    pub max_connections: usize,
+    /// How long a client connection may take over each part of a request (read at start).
+    pub client_timeouts: ClientTimeouts,
     pub admin: Admin,
     pub state: StateConfig,
     pub usage: UsageConfig,
@@ -101,6 +105,29 @@ pub struct Otlp {
     pub timeout: Duration,
     /// Finished spans waiting for export; more are dropped (and counted), never waited for.
     pub max_queue: usize,
+}
+
+/// The deadlines a client connection is held to (`client_timeouts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientTimeouts {
+    /// The whole request head, from a new connection's start or a request's first byte.
+    pub head: Duration,
+    /// A keep-alive connection between requests.
+    pub idle: Duration,
+    /// The request body, from the end of its head.
+    pub body: Duration,
+    /// An answer's bytes the client does not take.
+    pub write: Duration,
+}
+
+impl ClientTimeouts {
+    /// What a connection is held to when the config says nothing.
+    pub const DEFAULT: ClientTimeouts = ClientTimeouts {
+        head: Duration::from_secs(20),
+        idle: Duration::from_secs(75),
+        body: Duration::from_secs(60),
+        write: Duration::from_secs(60),
+    };
 }
 
 #[derive(Debug, Clone)]

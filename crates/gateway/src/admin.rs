@@ -17,6 +17,13 @@ use crate::runtime::Runtime;
 /// Admin requests carry no body worth more than this.
 pub const MAX_BODY: u64 = 64 * 1024;
 
+/// The admin port's connections: few, from operators and scrapers, held to the client port's
+/// default deadlines.
+pub const LIMITS: crate::server::Limits = crate::server::Limits {
+    max_connections: 256,
+    timeouts: onedoor_config::ClientTimeouts::DEFAULT,
+};
+
 pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<Body> {
     let runtime = live.current();
     let path = request.uri().path();

@@ -17,14 +17,13 @@ pub fn empty() -> Body {
     full(Bytes::new())
 }
 
-/// A request's body as handlers get it: read whole by the gateway's own HTTP/1.1 connection
-/// before the request is handed over, or streamed by hyper on an h2 connection.
+/// A request's body as handlers get it: read whole by the server before the request is handed
+/// over (see `server::intake`).
 pub enum RequestBody {
     Whole(Bytes),
     /// More than the body limit allows (declared, or seen while reading): not read, and the
     /// connection closes after the answer.
     TooLarge,
-    Streamed(hyper::body::Incoming),
 }
 
 /// A [`RequestBody::TooLarge`] body read as a body.
@@ -45,7 +44,7 @@ impl http_body::Body for RequestBody {
 
     fn poll_frame(
         self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
+        _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
         use std::task::Poll;
         match self.get_mut() {
@@ -54,9 +53,6 @@ impl http_body::Body for RequestBody {
                 Poll::Ready(Some(Ok(http_body::Frame::data(std::mem::take(bytes)))))
             }
             RequestBody::TooLarge => Poll::Ready(Some(Err(Box::new(TooLarge)))),
-            RequestBody::Streamed(incoming) => std::pin::Pin::new(incoming)
-                .poll_frame(cx)
-                .map_err(|e| Box::new(e) as BoxError),
         }
     }
 
@@ -64,7 +60,6 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Whole(bytes) => bytes.is_empty(),
             RequestBody::TooLarge => false,
-            RequestBody::Streamed(incoming) => incoming.is_end_stream(),
         }
     }
 
@@ -72,7 +67,6 @@ impl http_body::Body for RequestBody {
         match self {
             RequestBody::Whole(bytes) => http_body::SizeHint::with_exact(bytes.len() as u64),
             RequestBody::TooLarge => http_body::SizeHint::default(),
-            RequestBody::Streamed(incoming) => incoming.size_hint(),
         }
     }
 }

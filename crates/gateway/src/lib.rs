@@ -178,9 +178,21 @@ struct Source {
 }
 
 async fn bind(snapshot: &Snapshot) -> std::io::Result<(TcpListener, TcpListener)> {
-    let client = TcpListener::bind(snapshot.listen).await?;
-    let admin = TcpListener::bind(snapshot.admin.listen).await?;
-    Ok((client, admin))
+    Ok((listen(snapshot.listen)?, listen(snapshot.admin.listen)?))
+}
+
+/// Connections a listener's kernel queue holds before they are accepted (the kernel's
+/// `net.core.somaxconn` may lower it): a burst of connects waits there instead of being dropped.
+const BACKLOG: u32 = 4096;
+
+fn listen(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(BACKLOG)
 }
 
 fn launch(
@@ -202,6 +214,11 @@ fn launch(
     let for_clients = live.clone();
     let lanes = Arc::new(lanes::Lanes::start());
     let limit_of = live.clone();
+    server::raise_descriptor_limit();
+    let client_limits = server::Limits {
+        max_connections: server::connection_cap(live.current().snapshot.max_connections),
+        timeouts: live.current().snapshot.client_timeouts,
+    };
     let clients = tokio::spawn(server::serve(
         client,
         move |request| pipeline::handle(for_clients.clone(), request),
@@ -212,9 +229,10 @@ fn launch(
             let max = snapshot.max_request_body;
             match auth::authenticate(snapshot, headers) {
                 Ok(_) => max,
-                Err(_) => max.min(server::http1::SMALL_BODY),
+                Err(_) => max.min(server::SMALL_BODY),
             }
         }),
+        client_limits,
         watcher.clone(),
         Some(lanes.clone()),
     ));
@@ -223,6 +241,7 @@ fn launch(
         admin,
         move |request| admin::handle(for_admins.clone(), request),
         Arc::new(|_: &http::HeaderMap| admin::MAX_BODY),
+        admin::LIMITS,
         watcher.clone(),
         None,
     ));

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use onedoor_config::{Alias, Snapshot, Tenant};
 use tokio::time::Instant;
 
@@ -77,6 +76,10 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     // `x-onedoor-attempts`, and the usage record's trail.
     let attempts = exchange.trail.header();
     let mut response = decorate(response, &id, &attempts, &exchange, &runtime);
+    let answer_by = started + runtime.snapshot.routing.timeouts.total;
+    response
+        .extensions_mut()
+        .insert(crate::server::AnswerBy(answer_by));
     // Read once for the metrics, the access log and the usage record.
     let error = error_code(&response).map(str::to_owned);
     observe(
@@ -230,7 +233,7 @@ async fn serve(
                 exchange.trail.trace = Some(Box::new(Decision::new(Instant::now())));
             }
             let session = session_token::presented(request.headers());
-            let body = read_body(request, snapshot.max_request_body).await?;
+            let body = read_body(request, snapshot.max_request_body)?;
             let mut call = Call::new(runtime, caller, operation, dialect, alias, body)?;
             call.session = session;
             call.run(runtime, exchange).await
@@ -265,35 +268,13 @@ fn models(snapshot: &Snapshot, tenant: &Tenant) -> Response<Body> {
     response
 }
 
-/// Reads the body; one still to come is refused from its Content-Length when that is already
-/// over the limit.
-async fn read_body(request: Request<RequestBody>, limit: u64) -> Result<Bytes, GatewayError> {
-    let (parts, body) = request.into_parts();
-    let incoming = match body {
-        RequestBody::Whole(bytes) if bytes.len() as u64 > limit => {
-            return Err(GatewayError::RequestTooLarge { limit })
-        }
-        RequestBody::Whole(bytes) => return Ok(bytes),
-        RequestBody::TooLarge => return Err(GatewayError::RequestTooLarge { limit }),
-        RequestBody::Streamed(incoming) => incoming,
-    };
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit) {
-        return Err(GatewayError::RequestTooLarge { limit });
-    }
-    let limited = Limited::new(incoming, usize::try_from(limit).unwrap_or(usize::MAX));
-    match limited.collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+/// The body the server read, within `limit`.
+fn read_body(request: Request<RequestBody>, limit: u64) -> Result<Bytes, GatewayError> {
+    match request.into_body() {
+        RequestBody::Whole(bytes) if bytes.len() as u64 <= limit => Ok(bytes),
+        RequestBody::Whole(_) | RequestBody::TooLarge => {
             Err(GatewayError::RequestTooLarge { limit })
         }
-        Err(error) => Err(GatewayError::InvalidRequest(format!(
-            "the request body could not be read: {error}"
-        ))),
     }
 }
 

@@ -157,6 +157,14 @@ fn keep_bound(running: &Snapshot, next: &mut Snapshot) -> Vec<&'static str> {
         kept.push("admin.listen");
         next.admin.listen = running.admin.listen;
     }
+    if next.max_connections != running.max_connections {
+        kept.push("max_connections");
+        next.max_connections = running.max_connections;
+    }
+    if next.client_timeouts != running.client_timeouts {
+        kept.push("client_timeouts");
+        next.client_timeouts = running.client_timeouts;
+    }
     if next.state.store != running.state.store
         || next.state.redis_url != running.state.redis_url
         || next.state.key_prefix != running.state.key_prefix

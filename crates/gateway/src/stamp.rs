@@ -51,8 +51,9 @@ impl Stamp {
         self.lines.extend_from_slice(b"\r\n");
     }
 
-    /// The lines, ready to be written into an HTTP/1.1 head.
-    pub fn lines(&self) -> &[u8] {
+    /// The lines, as an HTTP/1.1 head would carry them.
+    #[cfg(test)]
+    fn lines(&self) -> &[u8] {
         &self.lines
     }
 
@@ -78,11 +79,6 @@ impl Stamp {
     /// Puts the stamp on `response`, in place of any it had.
     pub fn put<B>(self, response: &mut Response<B>) {
         response.extensions_mut().insert(self);
-    }
-
-    /// The lines of the stamp in an answer's `extensions`; none when it has no stamp.
-    pub fn lines_in(extensions: &http::Extensions) -> &[u8] {
-        extensions.get::<Stamp>().map_or(&[], Stamp::lines)
     }
 
     /// Moves the stamp `response` carries into its header map, for a writer that reads only

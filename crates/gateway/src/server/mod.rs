@@ -1,9 +1,14 @@
-//! Listeners: accept loops serving the client and admin ports, HTTP/1.1 on the gateway's own
-//! connection ([`http1`]) and h2 by hyper, with header and body limits; and graceful shutdown:
-//! the listener closes at once, idle keep-alive connections close, and requests under way (open
-//! streams included) finish within [`SHUTDOWN_GRACE`].
+//! Listeners: accept loops serving the client and admin ports, HTTP/1.1 and h2 on hyper's
+//! connections with header and body limits and the client port's deadlines, a cap on open
+//! connections; and graceful shutdown: the listener closes at once, idle keep-alive connections
+//! close, and requests under way (open streams included) finish within [`SHUTDOWN_GRACE`].
 
+mod capacity;
+mod framing;
+mod guard;
 pub mod http1;
+mod intake;
+mod upgrade;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,17 +23,27 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
+use onedoor_config::ClientTimeouts;
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 
 use crate::body::{Body, RequestBody};
 use crate::lanes::{Lanes, Serve};
-pub use http1::{BodyLimit, OnUpgrade};
+pub use capacity::{connection_cap, raise_descriptor_limit};
+pub use intake::{AnswerBy, BodyLimit, Front, SMALL_BODY};
+pub use upgrade::OnUpgrade;
 
 /// How long shutdown waits for requests under way, streams included; connections still open
 /// after it are closed. Not configurable: it bounds how long a stop may take, whatever routing says.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// How a listener's connections are held: its cap on open connections and the deadlines of each.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub timeouts: ClientTimeouts,
+}
 
 /// hyper's builder for h2 connections.
 fn h2_builder() -> Builder<TokioExecutor> {
@@ -41,10 +56,12 @@ fn h2_builder() -> Builder<TokioExecutor> {
 
 /// Serves `listener` with `handler` until `shutdown` flips, then lets open connections finish.
 /// With `lanes`, each connection is served on a lane (see [`crate::lanes`]); without, here.
+/// Past `limits.max_connections` open connections, a new one is answered 503 and closed.
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
     limit: BodyLimit,
+    limits: Limits,
     mut shutdown: watch::Receiver<bool>,
     lanes: Option<Arc<Lanes>>,
 ) where
@@ -52,7 +69,13 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let open = Open::new();
-    let serve = serve_with(Arc::new(handler), limit, &open, &shutdown);
+    let front = Arc::new(Front {
+        handler,
+        limit,
+        timeouts: limits.timeouts,
+    });
+    let serve = serve_with(front, &open, &shutdown);
+    let mut failures = AcceptFailures::default();
     loop {
         tokio::select! {
             biased;
@@ -61,11 +84,15 @@ pub async fn serve<H, F>(
                 let stream = match accepted {
                     Ok((stream, _)) => stream,
                     Err(error) => {
-                        tracing::warn!(%error, "accept failed");
+                        failures.log(&error);
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
                 };
+                if open.count() >= limits.max_connections {
+                    tokio::spawn(capacity::refuse(stream, limits.max_connections));
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 let stream = match &lanes {
                     Some(lanes) => match lanes.hand_over(stream, &serve) {
@@ -88,11 +115,34 @@ pub async fn serve<H, F>(
     open.abort();
 }
 
+/// Accept errors (out of descriptors, most often), logged at most once a second with how many
+/// there were since.
+#[derive(Default)]
+struct AcceptFailures {
+    logged: Option<tokio::time::Instant>,
+    since: u64,
+}
+
+impl AcceptFailures {
+    fn log(&mut self, error: &std::io::Error) {
+        self.since += 1;
+        let now = tokio::time::Instant::now();
+        if self
+            .logged
+            .is_some_and(|at| now.duration_since(at) < Duration::from_secs(1))
+        {
+            return;
+        }
+        tracing::warn!(%error, failures = self.since, "accept failed");
+        self.logged = Some(now);
+        self.since = 0;
+    }
+}
+
 /// How a socket of this listener is served, wherever it runs: as a counted connection that
 /// ends early when [`Open::abort`] is called.
 fn serve_with<H, F>(
-    handler: Arc<H>,
-    limit: BodyLimit,
+    front: Arc<Front<H>>,
     open: &Arc<Open>,
     shutdown: &watch::Receiver<bool>,
 ) -> Serve
@@ -105,7 +155,7 @@ where
     Arc::new(move |stream| {
         let counted = open.enter();
         let mut aborted = open.aborted.subscribe();
-        let served = connection(stream, handler.clone(), limit.clone(), shutdown.clone());
+        let served = connection(stream, front.clone(), shutdown.clone());
         Box::pin(async move {
             let signal = aborted.clone();
             let wait = pin!(stopped(&mut aborted));
@@ -142,6 +192,10 @@ impl Open {
         Counted(self.clone())
     }
 
+    fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
     /// Resolves once no connection is open.
     async fn drained(&self) {
         loop {
@@ -172,12 +226,11 @@ impl Drop for Counted {
 /// The h2 client preface; a connection whose first bytes may begin it is served by hyper.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Serves one accepted socket once its first bytes are there: HTTP/1.1 on the gateway's own
-/// connection, h2 by hyper. Shutdown closes it while it waits.
+/// Serves one accepted socket once its first bytes are there: HTTP/1.1 or h2, both on hyper.
+/// Shutdown closes it while it waits.
 async fn connection<H, F>(
     stream: TcpStream,
-    handler: Arc<H>,
-    limit: BodyLimit,
+    front: Arc<Front<H>>,
     mut shutdown: watch::Receiver<bool>,
 ) where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
@@ -185,14 +238,9 @@ async fn connection<H, F>(
 {
     match speaks_h2(&stream, &mut shutdown).await {
         None => {}
-        Some(false) => {
-            // Boxed per request, where it is made: the connection's own state stays a few
-            // hundred bytes while it waits between requests.
-            let boxed = |request| crate::boxing::in_place(&*handler, request);
-            http1::serve(stream, &boxed, &limit, &mut shutdown).await;
-        }
+        Some(false) => http1::serve(stream, front, &mut shutdown).await,
         // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.
-        Some(true) => Box::pin(h2(stream, handler, &mut shutdown)).await,
+        Some(true) => Box::pin(h2(stream, front, &mut shutdown)).await,
     }
 }
 
@@ -232,18 +280,14 @@ async fn speaks_h2(stream: &TcpStream, shutdown: &mut watch::Receiver<bool>) -> 
 }
 
 /// Serves an h2 connection with hyper.
-async fn h2<H, F>(stream: TcpStream, handler: Arc<H>, shutdown: &mut watch::Receiver<bool>)
+async fn h2<H, F>(stream: TcpStream, front: Arc<Front<H>>, shutdown: &mut watch::Receiver<bool>)
 where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let service = service_fn(move |request: Request<Incoming>| {
-        let answer = crate::boxing::in_place(&*handler, request.map(RequestBody::Streamed));
-        async move {
-            let mut response = answer.await;
-            crate::stamp::Stamp::into_headers(&mut response);
-            Ok::<_, Infallible>(response)
-        }
+        let answer = front.clone().answer(request, None);
+        async move { Ok::<_, Infallible>(answer.await) }
     });
     let connection = h2_builder()
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -293,12 +337,6 @@ impl<'a, F: Future<Output = ()>> Raised<'a, F> {
             wait,
             registered: false,
         }
-    }
-
-    /// Whether the signal is raised now. Only a change can have raised it: had it been raised
-    /// before, the first poll of the wait would have ended there.
-    fn raised(&self) -> bool {
-        self.changed() && *self.signal.borrow()
     }
 
     /// Whether the signal changed since `signal` last looked, or its sender is gone.
@@ -354,13 +392,10 @@ mod tests {
         // Registered at its first poll; later polls see no change.
         assert!(!ends_within(&mut raised, 50).await);
         assert!(!ends_within(&mut raised, 50).await);
-        assert!(!raised.raised());
         raise.send(false).unwrap();
         assert!(!ends_within(&mut raised, 50).await);
-        assert!(!raised.raised());
         raise.send(true).unwrap();
         assert!(ends_within(&mut raised, 1000).await);
-        assert!(raised.raised());
     }
 
     #[tokio::test]
@@ -390,7 +425,11 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (stop, shutdown) = watch::channel(false);
         let limit: BodyLimit = Arc::new(|_: &http::HeaderMap| 1024);
-        tokio::spawn(serve(listener, path_of, limit, shutdown, None));
+        let limits = Limits {
+            max_connections: 64,
+            timeouts: ClientTimeouts::DEFAULT,
+        };
+        tokio::spawn(serve(listener, path_of, limit, limits, shutdown, None));
         (addr, stop)
     }
 

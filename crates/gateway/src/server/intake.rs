@@ -1,0 +1,226 @@
+//! How a request comes in on either protocol: its framing checked (HTTP/1.x), its body read whole
+//! up to its limit within `client_timeouts.body` before the handler runs, and its answer wrapped
+//! so the connection knows when it is done.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
+use onedoor_config::ClientTimeouts;
+
+use super::framing::{self, Refusal};
+use super::guard::{Busy, Watch};
+use crate::body::{full, Body, BoxError, RequestBody};
+use crate::idle_poll;
+use crate::stamp::Stamp;
+
+/// How large the body of a request with these headers may be, asked only of a body that may be
+/// larger than [`SMALL_BODY`] (a larger length, or chunked): the client port reads such a body
+/// only for a caller whose key it knows, so a stranger cannot make it hold megabytes.
+pub type BodyLimit = Arc<dyn Fn(&HeaderMap) -> u64 + Send + Sync>;
+
+/// Bodies up to this size are read without asking their [`BodyLimit`].
+pub const SMALL_BODY: u64 = 64 * 1024;
+
+/// After an answer on h2 to a request whose body was not read (over its limit), the rest is read
+/// and dropped for this long (or this much) so the client reads the answer instead of a reset.
+const DRAIN: Duration = Duration::from_millis(500);
+const DRAIN_BYTES: usize = 1024 * 1024;
+
+/// The deadline of a request's answer, which its handler puts in the answer's extensions: an
+/// HTTP/1.1 connection ends at it when the client stops taking the answer.
+#[derive(Debug, Clone, Copy)]
+pub struct AnswerBy(pub tokio::time::Instant);
+
+/// What every connection of a listener serves with.
+pub struct Front<H> {
+    pub handler: H,
+    pub limit: BodyLimit,
+    pub timeouts: ClientTimeouts,
+}
+
+impl<H, F> Front<H>
+where
+    H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    /// Answers one request; `watch` is its HTTP/1.1 connection's (none on h2).
+    pub async fn answer(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        watch: Option<Arc<Watch>>,
+    ) -> Response<Answer> {
+        idle_poll::worked();
+        let busy = watch.as_ref().map(Watch::busy);
+        if watch.is_some() {
+            if let Some(refusal) = framing::refusal(&request) {
+                return refused(refusal, busy);
+            }
+        }
+        let (parts, incoming) = request.into_parts();
+        let read = tokio::time::timeout(
+            self.timeouts.body,
+            read_whole(incoming, &parts.headers, &self.limit),
+        );
+        let (body, unread) = match read.await {
+            Ok(Ok(Read::Whole(bytes))) => (RequestBody::Whole(bytes), None),
+            Ok(Ok(Read::TooLarge(unread))) => (RequestBody::TooLarge, Some(unread)),
+            Ok(Err(refusal)) => return refused(refusal, busy),
+            Err(_) => return refused(BODY_LATE, busy),
+        };
+        let request = Request::from_parts(parts, body);
+        let mut response = crate::boxing::in_place(&self.handler, request).await;
+        Stamp::into_headers(&mut response);
+        if let Some(watch) = &watch {
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                watch.upgraded();
+            } else if let Some(by) = response.extensions().get::<AnswerBy>() {
+                watch.answer_by(by.0);
+            }
+        }
+        match (unread, &watch) {
+            (None, _) => {}
+            (Some(_), Some(watch)) => {
+                watch.linger();
+                close(response.headers_mut());
+            }
+            (Some(unread), None) => {
+                tokio::spawn(drain(unread));
+            }
+        }
+        response.map(|body| Answer { body, _busy: busy })
+    }
+}
+
+const BODY_LATE: Refusal = Refusal {
+    status: StatusCode::REQUEST_TIMEOUT,
+    why: "the request body did not come whole within client_timeouts.body",
+};
+
+/// A request's body as read: whole, or over its limit with the rest not read.
+enum Read {
+    Whole(Bytes),
+    TooLarge(Incoming),
+}
+
+async fn read_whole(
+    mut incoming: Incoming,
+    headers: &HeaderMap,
+    limit: &BodyLimit,
+) -> Result<Read, Refusal> {
+    let declared = incoming.size_hint().exact();
+    let limit = match declared {
+        Some(length) if length <= SMALL_BODY => SMALL_BODY,
+        _ => limit(headers),
+    };
+    match declared {
+        Some(0) => return Ok(Read::Whole(Bytes::new())),
+        Some(length) if length > limit => return Ok(Read::TooLarge(incoming)),
+        _ => {}
+    }
+    let mut first = Bytes::new();
+    let mut more = BytesMut::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_frame(cx)).await
+    {
+        let Ok(data) = frame.map_err(|_| BODY_MALFORMED)?.into_data() else {
+            continue;
+        };
+        if (first.len() + more.len() + data.len()) as u64 > limit {
+            return Ok(Read::TooLarge(incoming));
+        }
+        match (first.is_empty(), more.is_empty()) {
+            (true, true) => first = data,
+            (false, true) => {
+                more.extend_from_slice(&first);
+                more.extend_from_slice(&data);
+            }
+            _ => more.extend_from_slice(&data),
+        }
+    }
+    Ok(Read::Whole(match more.is_empty() {
+        true => first,
+        false => more.freeze(),
+    }))
+}
+
+const BODY_MALFORMED: Refusal = Refusal::bad("the request body is not framed as its head says");
+
+/// Reads and drops the rest of a body nobody reads, for a moment.
+async fn drain(mut unread: Incoming) {
+    let reading = async {
+        let mut read = 0;
+        while let Some(Ok(frame)) =
+            std::future::poll_fn(|cx| Pin::new(&mut unread).poll_frame(cx)).await
+        {
+            read += frame.data_ref().map_or(0, Bytes::len);
+            if read > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN, reading).await;
+}
+
+fn close(headers: &mut HeaderMap) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+}
+
+/// The answer to a request that cannot be read; the connection closes after it.
+fn refused(refusal: Refusal, busy: Option<Busy>) -> Response<Answer> {
+    let code = match refusal.status {
+        StatusCode::REQUEST_TIMEOUT => "request_timeout",
+        _ => "invalid_request",
+    };
+    let body = serde_json::json!({"error": {
+        "message": refusal.why, "type": "invalid_request_error", "param": null, "code": code,
+    }});
+    let mut response = Response::new(full(body.to_string()));
+    *response.status_mut() = refusal.status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert("x-onedoor-error", HeaderValue::from_static(code));
+    close(headers);
+    response.map(|body| Answer { body, _busy: busy })
+}
+
+/// An answer's body, holding its request's place on the connection until it is done.
+pub struct Answer {
+    body: Body,
+    _busy: Option<Busy>,
+}
+
+impl http_body::Body for Answer {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        idle_poll::worked();
+    }
+}
