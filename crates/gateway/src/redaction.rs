@@ -1,6 +1,12 @@
 //! A backend's own credential, kept out of what the gateway passes on from that backend: the
 //! error bodies it answers with (passed back as they came), the headers copied from its answers,
 //! and the error event that ends one of its streams.
+//!
+//! A successful answer's content (a whole body, a stream's chunks) is passed on unscrubbed: the
+//! key travels only in a request header the provider consumes, so the model never sees it and
+//! cannot say it, while the rule below would alter real output (`sk-proj-` begins every OpenAI
+//! project key, and code samples that show one). The search is not the reason: memmem scans
+//! some 20 GB/s, about 50 ns for a 1 KB answer.
 
 use bytes::{Bytes, BytesMut};
 use http::HeaderValue;

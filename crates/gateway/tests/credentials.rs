@@ -36,6 +36,13 @@ async fn harness() -> Harness {
             .deployment(DeploymentSpec::new("llama"))
             .api_key(OPENAI_KEY)
             .behavior(echoing()),
+        EndpointSpec::openai("failing", "onprem")
+            .deployment(DeploymentSpec::new("llama"))
+            .api_key(OPENAI_KEY)
+            .behavior(Behavior {
+                echo_key_in_stream: true,
+                ..Behavior::default()
+            }),
         EndpointSpec::azure("az", "swedencentral")
             .deployment(DeploymentSpec::new("gpt-4o"))
             .api_key(AZURE_KEY)
@@ -48,11 +55,14 @@ async fn harness() -> Harness {
     let config = format!(
         "backends:
   - {{ name: compat, provider: openai, region: onprem, url: \"{{url:compat}}\", api_key: {OPENAI_KEY} }}
+  - {{ name: failing, provider: openai, region: onprem, url: \"{{url:failing}}\", api_key: {OPENAI_KEY} }}
   - {{ name: az, provider: azure, region: swedencentral, url: \"{{url:az}}\", api_key: {AZURE_KEY} }}
   - {{ name: claude, provider: anthropic, region: europe, url: \"{{url:claude}}\", api_key: {ANTHROPIC_KEY} }}
 models:
   - name: llama
     targets: [{{ backend: compat, model: llama }}]
+  - name: failing
+    targets: [{{ backend: failing, model: llama }}]
   - name: gpt
     targets: [{{ backend: az, deployment: gpt-4o }}]
   - name: claude
@@ -147,6 +157,27 @@ async fn a_header_echoing_the_backends_key_is_redacted_on_the_answer() {
         "application/json; key=[redacted]"
     );
     assert_eq!(answer.header("x-echoed-api-key"), "", "not copied at all");
+}
+
+#[tokio::test]
+async fn an_error_event_ending_a_stream_has_the_backends_key_redacted() {
+    let h = harness().await;
+    let answer = h
+        .post("/v1/chat/completions", chat_body("failing", true))
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(!answer.body.contains(&OPENAI_KEY[..8]), "{}", answer.body);
+    let error = answer
+        .body
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .find(|d| d.contains("\"error\""))
+        .unwrap_or_else(|| panic!("no error event: {}", answer.body));
+    let error: serde_json::Value = serde_json::from_str(error).unwrap();
+    assert_eq!(
+        error["error"]["message"],
+        "The server failed; key: [redacted]"
+    );
 }
 
 #[tokio::test]

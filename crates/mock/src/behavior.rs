@@ -35,4 +35,7 @@ pub struct Behavior {
     /// key it presented, as some providers do, in its message and its headers: an
     /// `x-echoed-api-key` header and a parameter of its content type.
     pub echo_key_error: bool,
+    /// Streaming: end the stream after its content with an error event (OpenAI framing) that
+    /// quotes the key the request presented, instead of its finish.
+    pub echo_key_in_stream: bool,
 }

@@ -147,7 +147,13 @@ impl<'a> Exchange<'a> {
                 let response = response::json(StatusCode::OK, &value, body);
                 self.decorated(response, quota.as_ref(), None)
             }
-            Ok((Payload::Stream(script), quota)) => {
+            Ok((Payload::Stream(mut script), quota)) => {
+                if self.behavior.echo_key_in_stream {
+                    let message = format!("The server failed; key: {}", self.presented_key());
+                    let error =
+                        serde_json::json!({"error": {"message": message, "type": "server_error"}});
+                    script.tail = vec![stream::data_event(&error)];
+                }
                 let body = if self.behavior.headers_then_hang {
                     stream::silent(watch)
                 } else {
