@@ -95,6 +95,7 @@ impl Dispatch {
         let deadline = deadline.min(now + backend.timeouts.total);
         let first_token_by = now + backend.timeouts.first_token;
         let load = runtime.load(candidate.backend).cloned().unwrap_or_default();
+        let backend_index = candidate.backend;
         // Not kept across the awaits below: the attempt's future stays smaller.
         drop(candidate);
         let mut in_flight = load.begin(request.estimated_tokens(self.operation), now_ms());
@@ -106,7 +107,12 @@ impl Dispatch {
         }
         let response = sent.map_err(|failure| provider::failure(backend, failure))?;
         let status = response.status();
+        let redaction = runtime.redaction(backend_index);
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+        let content_type = match redaction {
+            Some(redaction) => content_type.map(|v| redaction.header(v)),
+            None => content_type,
+        };
         let is_stream = content_type
             .as_ref()
             .and_then(|v| v.to_str().ok())
@@ -129,7 +135,8 @@ impl Dispatch {
                 None => Relay::open(body, rules, first_token_by, translator).await?,
             };
             load.succeeded(now.elapsed(), now_ms());
-            return Ok(Answer::Stream(Box::new(relay.holding(in_flight))));
+            let relay = relay.holding(in_flight).scrubbing(redaction.cloned());
+            return Ok(Answer::Stream(Box::new(relay)));
         }
         let body = match tokio::time::timeout_at(deadline, whole(response.into_body())).await {
             Err(_) => return Err(Failure::Timeout),

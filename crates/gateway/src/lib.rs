@@ -30,6 +30,7 @@ mod provider;
 mod readiness;
 mod realtime;
 mod recording;
+mod redaction;
 mod reload;
 mod request;
 mod router;

@@ -21,6 +21,7 @@ use crate::messages;
 use crate::provider;
 use crate::realtime;
 use crate::recording::{self, Ended, Estimate};
+use crate::redaction::{self, Redaction};
 use crate::reload::Live;
 use crate::request::{ClientRequest, Operation};
 use crate::router::{Candidate, Plan};
@@ -505,7 +506,8 @@ impl<'a> Call<'a> {
             Err(Ending::Error(error)) => Err(error),
             Err(Ending::Upstream { backend, failure }) => {
                 exchange.backend = Some(backend);
-                Ok(passthrough(failure, dialect))
+                let redaction = runtime.redaction(backend).map(|r| &**r);
+                Ok(passthrough(failure, dialect, redaction))
             }
         };
         session.stamp(runtime, exchange.backend, answered).await
@@ -607,8 +609,14 @@ fn stream_response(body: Body, dialect: Dialect, measured: bool) -> Response<Bod
 }
 
 /// An upstream's own client error, as it came (status, content type and body); for an
-/// Anthropic caller in Anthropic's error shape, its message kept.
-pub(crate) fn passthrough(failure: Failure, dialect: Dialect) -> Response<Body> {
+/// Anthropic caller in Anthropic's error shape, its message kept. Its body and content type are
+/// scrubbed of the backend's credential (`redaction`) as they leave: some providers quote the
+/// key they were sent in the error message.
+pub(crate) fn passthrough(
+    failure: Failure,
+    dialect: Dialect,
+    redaction: Option<&Redaction>,
+) -> Response<Body> {
     let Failure::Status {
         status,
         mut headers,
@@ -624,12 +632,13 @@ pub(crate) fn passthrough(failure: Failure, dialect: Dialect) -> Response<Body> 
         }
         Dialect::OpenAi | Dialect::Azure => body,
     };
-    let mut response = Response::new(full(body));
+    let mut response = Response::new(full(redaction::scrub(redaction, body)));
     *response.status_mut() = status;
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .cloned()
-        .unwrap_or(HeaderValue::from_static("application/json"));
+    let content_type = match (headers.remove(header::CONTENT_TYPE), redaction) {
+        (Some(value), Some(redaction)) => redaction.header(value),
+        (Some(value), None) => value,
+        (None, _) => HeaderValue::from_static("application/json"),
+    };
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, content_type);

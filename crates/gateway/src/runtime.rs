@@ -15,6 +15,7 @@ use crate::headroom::Load;
 use crate::metrics::Metrics;
 use crate::provider;
 use crate::realtime::Sessions;
+use crate::redaction::Redaction;
 use crate::upstream::{client_fits, LaneClients};
 
 pub struct Runtime {
@@ -22,6 +23,8 @@ pub struct Runtime {
     pub clients: Vec<LaneClients>,
     /// The headers every request to a backend carries (same index as `snapshot.backends`).
     pub stamps: Vec<Vec<provider::Header>>,
+    /// What to take out of each backend's answers: its own credential (same index).
+    redactions: Vec<Option<Arc<Redaction>>>,
     /// Each backend's `x-onedoor-backend` and `x-onedoor-region` values, made once.
     pub answered_by: Vec<[Option<HeaderValue>; 2]>,
     /// The upstream URL of every configured target, made once.
@@ -53,6 +56,11 @@ impl Runtime {
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<Store>) -> Self {
         let clients = snapshot.backends.iter().map(LaneClients::new).collect();
         let stamps = snapshot.backends.iter().map(provider::stamp).collect();
+        let redactions = snapshot
+            .backends
+            .iter()
+            .map(|b| Redaction::of(b).map(Arc::new))
+            .collect();
         let answered_by = snapshot
             .backends
             .iter()
@@ -77,6 +85,7 @@ impl Runtime {
             snapshot,
             clients,
             stamps,
+            redactions,
             answered_by,
             uris,
             turns,
@@ -130,6 +139,11 @@ impl Runtime {
     /// The load of backend `backend`.
     pub fn load(&self, backend: usize) -> Option<&Arc<Load>> {
         self.loads.get(backend)
+    }
+
+    /// What to take out of backend `backend`'s answers before they reach a client.
+    pub fn redaction(&self, backend: usize) -> Option<&Arc<Redaction>> {
+        self.redactions.get(backend)?.as_ref()
     }
 
     /// The turn counter of an alias (`None` for `"*"`).

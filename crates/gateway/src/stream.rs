@@ -21,6 +21,7 @@ use tokio::time::{Duration, Instant, Sleep};
 use crate::body::{Body, BoxError};
 use crate::headroom::InFlight;
 use crate::provider::EventTranslator;
+use crate::redaction::{scrub, Redaction};
 use crate::telemetry::StreamTrace;
 use crate::upstream::{Failure, UpstreamBody};
 use crate::usage::{Usage, UsageSink, UsageSource};
@@ -269,6 +270,9 @@ pub struct Relay {
     translator: Box<dyn EventTranslator>,
     /// The event that ends the stream (`[DONE]`, an error), held back until the usage is told.
     terminal: Option<Bytes>,
+    /// The backend's credential, taken out of an error event that ends the stream: the one
+    /// event that is the upstream's own words about a failure, which may quote it.
+    redaction: Option<Arc<Redaction>>,
     /// The translator's output for one upstream event, kept to reuse its allocation.
     translated: Vec<(EventKind, Bytes)>,
     /// When the read under way gives up: one timer for the stream, moved on as events arrive
@@ -481,6 +485,7 @@ impl Relay {
             rewrite,
             translator,
             terminal: None,
+            redaction: None,
             translated: Vec::new(),
             timer: Box::pin(tokio::time::sleep_until(until)),
         };
@@ -582,6 +587,12 @@ impl Relay {
         self
     }
 
+    /// Scrubs the stream's terminal event of `redaction`'s credential.
+    pub fn scrubbing(mut self, redaction: Option<Arc<Redaction>>) -> Self {
+        self.redaction = redaction;
+        self
+    }
+
     /// The caller's stream from this relay alone.
     pub fn answering(self) -> Answering {
         Answering::new(self, None)
@@ -656,7 +667,8 @@ impl Answering {
             match self.relay.step().await {
                 Step::Data(bytes) => return Some(bytes),
                 Step::End => {
-                    let terminal = self.relay.terminal.take();
+                    let redaction = self.relay.redaction.as_deref();
+                    let terminal = self.relay.terminal.take().map(|t| scrub(redaction, t));
                     return Some(self.end(terminal, None));
                 }
                 Step::Cut(reason) => {

@@ -31,4 +31,11 @@ pub struct Behavior {
     /// when a stream asks for it), every streamed tool call at index 0, arguments as a JSON
     /// object instead of a string, and `finish_reason: "stop"` after tool calls.
     pub compat_quirks: bool,
+    /// Refuse every request with a 400 (the dialect's invalid-request error) that quotes the
+    /// key it presented, as some providers do, in its message and its headers: an
+    /// `x-echoed-api-key` header and a parameter of its content type.
+    pub echo_key_error: bool,
+    /// Streaming: end the stream after its content with an error event (OpenAI framing) that
+    /// quotes the key the request presented, instead of its finish.
+    pub echo_key_in_stream: bool,
 }

@@ -132,6 +132,15 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     value.strip_prefix("Bearer ").map(str::trim)
 }
 
+/// The key a request presents, whichever header its dialect carries it in.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    bearer(headers).or_else(|| {
+        ["api-key", "x-api-key"]
+            .into_iter()
+            .find_map(|name| headers.get(name)?.to_str().ok())
+    })
+}
+
 /// An injected status as a status code; nonsense values become 500.
 pub fn status_code(status: u16) -> StatusCode {
     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)

@@ -128,7 +128,10 @@ impl<'a> Exchange<'a> {
             Err(Failure::Reject(reject, quota)) => {
                 self.pause().await;
                 let (status, value) = self.wire.reject(&reject, &self.ctx);
-                let response = response::json(status, &value, |b| stream::full(b, watch));
+                let mut response = response::json(status, &value, |b| stream::full(b, watch));
+                if self.behavior.echo_key_error {
+                    self.echo_key(response.headers_mut());
+                }
                 self.decorated(response, quota.as_deref(), reject.retry_after_s())
             }
             Ok((Payload::Json(value), quota)) => {
@@ -144,7 +147,13 @@ impl<'a> Exchange<'a> {
                 let response = response::json(StatusCode::OK, &value, body);
                 self.decorated(response, quota.as_ref(), None)
             }
-            Ok((Payload::Stream(script), quota)) => {
+            Ok((Payload::Stream(mut script), quota)) => {
+                if self.behavior.echo_key_in_stream {
+                    let message = format!("The server failed; key: {}", self.presented_key());
+                    let error =
+                        serde_json::json!({"error": {"message": message, "type": "server_error"}});
+                    script.tail = vec![stream::data_event(&error)];
+                }
                 let body = if self.behavior.headers_then_hang {
                     stream::silent(watch)
                 } else {
@@ -156,6 +165,21 @@ impl<'a> Exchange<'a> {
                 self.decorated(response, quota.as_ref(), None)
             }
         }
+    }
+
+    fn presented_key(&self) -> &str {
+        dialect::presented_key(&self.parts.headers).unwrap_or("none")
+    }
+
+    /// Quotes the presented key in the headers of an `echo_key_error` refusal.
+    fn echo_key(&self, headers: &mut hyper::HeaderMap) {
+        let key = self.presented_key();
+        response::put(headers, "x-echoed-api-key", key);
+        response::put(
+            headers,
+            "content-type",
+            format!("application/json; key={key}"),
+        );
     }
 
     /// Time to first byte, for answers whose first byte is their headers.
@@ -209,6 +233,11 @@ impl<'a> Exchange<'a> {
             }
             .into()),
             Some(status) => Err(Reject::Status(status).into()),
+            None if b.echo_key_error => Err(Reject::Invalid(format!(
+                "Incorrect API key provided: {}. You can find your API key in your account.",
+                self.presented_key()
+            ))
+            .into()),
             None if self.shared.roll_error(b.error_rate) => Err(Reject::Status(500).into()),
             None => Ok(()),
         }

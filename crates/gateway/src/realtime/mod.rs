@@ -144,6 +144,7 @@ async fn accept(
             return Ok(crate::pipeline::passthrough(
                 failure,
                 crate::surface::Dialect::OpenAi,
+                runtime.redaction(backend).map(|r| &**r),
             ));
         }
     };
