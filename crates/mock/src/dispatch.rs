@@ -286,7 +286,8 @@ impl<'a> Exchange<'a> {
         };
         lock(&d.window)
             .admit(limits, cost, Instant::now())
-            .map_err(|(throttle, quota)| {
+            .map_err(|refused| {
+                let (throttle, quota) = *refused;
                 let retry_after_s = self
                     .behavior
                     .retry_after_s

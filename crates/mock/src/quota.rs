@@ -75,13 +75,14 @@ impl Window {
         }
     }
 
-    /// Admits a request costing `cost` tokens, or says why not; a refused request is not charged.
+    /// Admits a request costing `cost` tokens, or says why not (boxed: refusals are rare and
+    /// large); a refused request is not charged.
     pub fn admit(
         &mut self,
         limits: Limits,
         cost: u64,
         now: Instant,
-    ) -> Result<Snapshot, (Throttle, Snapshot)> {
+    ) -> Result<Snapshot, Box<(Throttle, Snapshot)>> {
         self.prune(now);
         let refusals: Vec<Throttle> = limits
             .spans()
@@ -96,7 +97,7 @@ impl Window {
         // When several limits refuse, report the one that lasts longest: that is when a retry
         // succeeds.
         match refusals.into_iter().max_by_key(|t| t.retry_after_s) {
-            Some(throttle) => Err((throttle, self.snapshot(limits, now))),
+            Some(throttle) => Err(Box::new((throttle, self.snapshot(limits, now)))),
             None => {
                 self.entries.push_back((now, cost));
                 self.tokens += cost;
@@ -205,7 +206,7 @@ mod tests {
         let mut w = Window::default();
         assert!(w.admit(LIMITS, 10, t0).is_ok());
         assert!(w.admit(LIMITS, 10, t0 + secs(20)).is_ok());
-        let (t, snap) = w.admit(LIMITS, 10, t0 + secs(20)).unwrap_err();
+        let (t, snap) = *w.admit(LIMITS, 10, t0 + secs(20)).unwrap_err();
         assert_eq!(t.kind, Kind::Requests);
         assert_eq!(t.retry_after_s, 40);
         assert_eq!(snap.remaining_requests, Some(0));
@@ -224,12 +225,12 @@ mod tests {
         assert!(w.admit(limits, 30, t0).is_ok());
         assert!(w.admit(limits, 60, t0 + secs(10)).is_ok());
         // 90 used; 50 more needs the 60 charged at t=10 to expire, at t=70.
-        let (t, _) = w.admit(limits, 50, t0 + secs(10)).unwrap_err();
+        let (t, _) = *w.admit(limits, 50, t0 + secs(10)).unwrap_err();
         assert_eq!(
             (t.kind, t.retry_after_s, t.used, t.requested),
             (Kind::Tokens, 60, 90, 50)
         );
-        let (t, _) = w.admit(limits, 101, t0 + secs(10)).unwrap_err();
+        let (t, _) = *w.admit(limits, 101, t0 + secs(10)).unwrap_err();
         assert_eq!(t.retry_after_s, 60);
         assert!(w.admit(limits, 40, t0 + secs(61)).is_ok());
     }
@@ -249,7 +250,7 @@ mod tests {
                 .is_ok());
         }
         // The eleventh in ten seconds is refused until the first leaves them, at t=10 s.
-        let (t, _) = w.admit(limits, 1, t0 + secs(2)).unwrap_err();
+        let (t, _) = *w.admit(limits, 1, t0 + secs(2)).unwrap_err();
         assert_eq!(
             (t.kind, t.limit, t.used, t.retry_after_s),
             (Kind::Requests, 10, 10, 8)
@@ -258,7 +259,7 @@ mod tests {
         // Tokens: 100 a ten seconds, though an idle ten seconds takes a larger request.
         let mut w = Window::default();
         assert!(w.admit(limits, 150, t0).is_ok());
-        let (t, _) = w.admit(limits, 1, t0 + secs(9)).unwrap_err();
+        let (t, _) = *w.admit(limits, 1, t0 + secs(9)).unwrap_err();
         assert_eq!((t.kind, t.retry_after_s), (Kind::Tokens, 1));
         assert!(w.admit(limits, 100, t0 + secs(10)).is_ok());
     }
