@@ -101,8 +101,10 @@ impl Dispatch {
         let mut in_flight = load.begin(request.estimated_tokens(self.operation), now_ms());
         let sent = upstream::send(client, wire, first_token_by, deadline).await;
         match &sent {
-            Ok(response) => load.observe(response.headers(), now_ms()),
-            Err(Failure::Status { headers, .. }) => load.observe(headers, now_ms()),
+            Ok(response) => load.observe(response.headers(), false, now_ms()),
+            Err(Failure::Status {
+                status, headers, ..
+            }) => load.observe(headers, *status == StatusCode::TOO_MANY_REQUESTS, now_ms()),
             Err(_) => {}
         }
         let response = sent.map_err(|failure| provider::failure(backend, failure))?;

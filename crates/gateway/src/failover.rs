@@ -15,14 +15,11 @@ use tokio::time::Instant;
 use crate::breaker::{Admission, Observed, ProbePermit};
 use crate::errors::GatewayError;
 use crate::fleet;
-use crate::outcome::{verdict, Verdict};
+use crate::outcome::{self, verdict, Verdict};
 use crate::router::{Candidate, Excluded, Fitness, Plan};
 use crate::runtime::Runtime;
 use crate::telemetry::Attempts;
 use crate::upstream::{Failure, Outcome};
-
-/// How long a target that answered 429 without any Retry-After is left alone.
-const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
 
 /// Every attempt of one request, in order, for `x-onedoor-attempts`, logs and traces.
 #[derive(Debug, Default)]
@@ -309,7 +306,7 @@ impl<'a> Failover<'a> {
                 return Next::Again;
             }
             Verdict::Throttled(retry_after) => {
-                let wait = retry_after.unwrap_or(DEFAULT_COOLDOWN);
+                let wait = retry_after.unwrap_or(outcome::DEFAULT_COOLDOWN);
                 let wait_ms = wait.as_millis() as u64;
                 self.runtime.state.cool_down(&self.key(i), wait_ms).await;
                 self.cooled_until_ms.push(now_ms() + wait_ms);

@@ -1,8 +1,9 @@
-//! Headroom: how much of its quota each backend has used in the current minute (from the
-//! accounting in the state store, the same numbers on every instance, and from the upstream's
-//! `x-ratelimit-remaining-*` headers), how many requests are in flight, how fast it answers, and
-//! whether it is ramping up after a failure streak. The router passes over a backend without
-//! headroom before it starts answering 429. A backend without `limits` is counted here only.
+//! Headroom: how much of its quota each backend has used in the current minute and in the last
+//! ten seconds (from the accounting in the state store, the same numbers on every instance, and
+//! from the upstream's `x-ratelimit-remaining-*` headers, trusted until the reset the upstream
+//! gave), how many requests are in flight, how fast it answers, and whether it is ramping up after
+//! a failure streak. The router passes over a backend without headroom before it starts answering
+//! 429. A backend without `limits` is counted here only.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,7 +12,12 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use http::{HeaderMap, HeaderName};
 use onedoor_config::{Backend, Limits};
-use onedoor_state::{Ask, Charge, Detached, MeterKey, MeterLimits, MeterUsage, Settlement, Store};
+use onedoor_state::{
+    Ask, Charge, Detached, MeterKey, MeterLimits, MeterUsage, Settlement, Store,
+    SHORT_WINDOW_SECONDS,
+};
+
+use crate::outcome;
 
 /// A backend that failed this many times in a row and then answered ramps up instead of taking
 /// its full share at once.
@@ -19,9 +25,12 @@ const STREAK_BEFORE_RAMP: u64 = 3;
 const RAMP: Duration = Duration::from_secs(20);
 /// The smallest share a ramping backend gets, so it still sees traffic to prove itself.
 const RAMP_FLOOR: f64 = 0.1;
-/// Upstream-reported remaining quota is trusted for this long after it was seen.
+/// Upstream-reported remaining quota is trusted for this long after it was seen when the
+/// upstream said neither when it resets nor when to retry.
 const REMAINING_FRESH_MS: u64 = 10_000;
 const WINDOW_SECONDS: usize = 60;
+/// Azure enforces a sixth of a deployment's per-minute limits in any ten seconds.
+const SHORT_WINDOWS_A_MINUTE: u64 = 6;
 
 /// Requests and tokens per second over the last minute, as a ring of one-second buckets.
 #[derive(Debug, Default)]
@@ -50,20 +59,76 @@ impl Window {
 
     /// (requests, tokens) in the minute ending now.
     fn used(&self, now_ms: u64) -> (u64, u64) {
-        let oldest = (now_ms / 1000).saturating_sub(WINDOW_SECONDS as u64 - 1);
+        self.since(now_ms, WINDOW_SECONDS as u64 - 1)
+    }
+
+    /// (requests, tokens) in the short window ending now: this second and the ten before, as
+    /// the state store counts it.
+    fn recent(&self, now_ms: u64) -> (u64, u64) {
+        self.since(now_ms, SHORT_WINDOW_SECONDS)
+    }
+
+    /// (requests, tokens) of the current second and the `seconds` before it.
+    fn since(&self, now_ms: u64, seconds: u64) -> (u64, u64) {
+        let now = now_ms / 1000;
+        let oldest = now.saturating_sub(seconds);
         self.buckets
             .iter()
-            .filter(|(second, _, _)| *second >= oldest && *second <= now_ms / 1000)
+            .filter(|(second, _, _)| *second >= oldest && *second <= now)
             .fold((0, 0), |(r, t), (_, br, bt)| (r + br, t + bt))
     }
 }
 
-/// What the upstream last said it has left.
+/// What a backend has used, in its windows, as headroom compares it with its limits.
+#[derive(Debug, Clone, Copy)]
+struct Used {
+    in_flight: u64,
+    requests: u64,
+    tokens: u64,
+    requests_10s: u64,
+    tokens_10s: u64,
+}
+
+impl Used {
+    /// Whether one more request of `tokens` stays under every limit: the minute's, and a sixth
+    /// of it in the last ten seconds. A request alone in its ten seconds always fits there, so a
+    /// request larger than a sixth of `tpm` still goes to an idle backend.
+    fn fits(&self, limits: &Limits, tokens: u64) -> bool {
+        let short = |limit: u64| (limit / SHORT_WINDOWS_A_MINUTE).max(1);
+        let in_flight = limits.max_in_flight.is_none_or(|cap| self.in_flight < cap);
+        let minute = limits.rpm.is_none_or(|rpm| self.requests < rpm)
+            && limits.tpm.is_none_or(|tpm| self.tokens + tokens <= tpm);
+        let ten_seconds = limits.rpm.is_none_or(|rpm| self.requests_10s < short(rpm))
+            && limits
+                .tpm
+                .is_none_or(|tpm| self.tokens_10s == 0 || self.tokens_10s + tokens <= short(tpm));
+        in_flight && minute && ten_seconds
+    }
+}
+
+/// What the upstream last said it has left, and until when each reading holds.
 #[derive(Debug, Default, Clone, Copy)]
 struct Remaining {
     requests: Option<u64>,
     tokens: Option<u64>,
     seen_ms: u64,
+    requests_until_ms: u64,
+    tokens_until_ms: u64,
+}
+
+impl Remaining {
+    /// Whether a request of `tokens` is more than the upstream said it has left, at `now_ms`.
+    fn refuses(&self, tokens: u64, now_ms: u64) -> bool {
+        let no_requests = self.requests == Some(0) && now_ms < self.requests_until_ms;
+        let few_tokens = self.tokens.is_some_and(|t| t < tokens) && now_ms < self.tokens_until_ms;
+        no_requests || few_tokens
+    }
+
+    /// The operator's view of one reading: its value and how long it still holds.
+    fn view(value: Option<u64>, until_ms: u64, now_ms: u64) -> (Option<u64>, Option<u64>) {
+        let left = value.map(|_| until_ms.saturating_sub(now_ms));
+        (value, left)
+    }
 }
 
 /// The load of one backend, kept across config reloads while the backend exists.
@@ -100,6 +165,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 pub const REMAINING_REQUESTS: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining-requests");
 pub const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
+/// The headers in which a backend says when each of those counts resets: requests, then tokens.
+pub const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
+pub const RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
 
 fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     let value = headers
@@ -111,6 +179,42 @@ fn header_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
         .ok()?;
     // Azure sometimes reports -1 for "unknown".
     u64::try_from(value).ok()
+}
+
+/// A reset as an upstream writes it: OpenAI's Go durations (`20ms`, `1s`, `1.5s`, `6m0s`), or
+/// Azure's plain seconds (`60`, `0.5`).
+fn reset_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<f64>() {
+        return Duration::try_from_secs_f64(seconds).ok();
+    }
+    let mut rest = value;
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .filter(|&at| at > 0)?;
+        let number: f64 = rest[..digits].parse().ok()?;
+        let unit_len = rest[digits..]
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len() - digits);
+        let unit = match &rest[digits..digits + unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += Duration::try_from_secs_f64(number * unit).ok()?;
+        rest = &rest[digits + unit_len..];
+    }
+    Some(total)
+}
+
+fn header_reset(headers: &HeaderMap, name: &HeaderName) -> Option<Duration> {
+    reset_after(headers.get(name)?.to_str().ok()?)
 }
 
 impl Load {
@@ -178,37 +282,61 @@ impl Load {
         tokens: u64,
         now_ms: u64,
     ) -> bool {
-        let (in_flight, requests, used_tokens) = match shared {
-            Some(usage) => (usage.in_flight, usage.requests, usage.tokens),
-            None => {
-                let (requests, tokens) = lock(&self.window).used(now_ms);
-                (self.in_flight(), requests, tokens)
-            }
-        };
-        if limits.max_in_flight.is_some_and(|cap| in_flight >= cap) {
-            return false;
-        }
-        if limits.rpm.is_some_and(|rpm| requests + 1 > rpm)
-            || limits.tpm.is_some_and(|tpm| used_tokens + tokens > tpm)
-        {
-            return false;
-        }
-        let remaining = *lock(&self.remaining);
-        let fresh = now_ms.saturating_sub(remaining.seen_ms) < REMAINING_FRESH_MS;
-        !(fresh && (remaining.requests == Some(0) || remaining.tokens.is_some_and(|t| t < tokens)))
+        self.used(shared, now_ms).fits(limits, tokens)
+            && !lock(&self.remaining).refuses(tokens, now_ms)
     }
 
-    /// Reads `x-ratelimit-remaining-requests` / `-tokens` from an upstream answer.
-    pub fn observe(&self, headers: &HeaderMap, now_ms: u64) {
+    /// The shared usage when there is one, else this instance's own windows.
+    fn used(&self, shared: Option<MeterUsage>, now_ms: u64) -> Used {
+        match shared {
+            Some(usage) => Used {
+                in_flight: usage.in_flight,
+                requests: usage.requests,
+                tokens: usage.tokens,
+                requests_10s: usage.requests_10s,
+                tokens_10s: usage.tokens_10s,
+            },
+            None => {
+                let window = lock(&self.window);
+                let ((requests, tokens), (requests_10s, tokens_10s)) =
+                    (window.used(now_ms), window.recent(now_ms));
+                Used {
+                    in_flight: self.in_flight(),
+                    requests,
+                    tokens,
+                    requests_10s,
+                    tokens_10s,
+                }
+            }
+        }
+    }
+
+    /// Reads `x-ratelimit-remaining-requests` / `-tokens` from an upstream answer (`throttled`:
+    /// a 429). Each reading holds until the reset the upstream gave for it
+    /// (`x-ratelimit-reset-*`), else until its Retry-After, else for [`REMAINING_FRESH_MS`]; a
+    /// 429's never past the cooldown it causes, after which the backend is asked again.
+    pub fn observe(&self, headers: &HeaderMap, throttled: bool, now_ms: u64) {
         let requests = header_number(headers, &REMAINING_REQUESTS);
         let tokens = header_number(headers, &REMAINING_TOKENS);
-        if requests.is_some() || tokens.is_some() {
-            *lock(&self.remaining) = Remaining {
-                requests,
-                tokens,
-                seen_ms: now_ms,
-            };
+        if requests.is_none() && tokens.is_none() {
+            return;
         }
+        let retry_after = outcome::retry_after(headers);
+        let cooldown = throttled.then(|| retry_after.unwrap_or(outcome::DEFAULT_COOLDOWN));
+        let until = |reset: Option<Duration>| {
+            let holds = reset
+                .or(retry_after)
+                .unwrap_or(Duration::from_millis(REMAINING_FRESH_MS));
+            let holds = cooldown.map_or(holds, |cooldown| holds.min(cooldown));
+            now_ms.saturating_add(holds.as_millis() as u64)
+        };
+        *lock(&self.remaining) = Remaining {
+            requests,
+            tokens,
+            seen_ms: now_ms,
+            requests_until_ms: until(header_reset(headers, &RESET_REQUESTS)),
+            tokens_until_ms: until(header_reset(headers, &RESET_TOKENS)),
+        };
     }
 
     pub fn succeeded(&self, latency: Duration, now_ms: u64) {
@@ -248,26 +376,36 @@ impl Load {
         now_ms: u64,
     ) -> serde_json::Value {
         let (local_requests, local_tokens) = lock(&self.window).used(now_ms);
-        let (in_flight, requests, tokens) = match shared {
-            Some(u) => (u.in_flight, u.requests, u.tokens),
-            None => (self.in_flight(), local_requests, local_tokens),
-        };
+        let used = self.used(shared, now_ms);
         let remaining = *lock(&self.remaining);
+        let (remaining_requests, requests_valid_for_ms) =
+            Remaining::view(remaining.requests, remaining.requests_until_ms, now_ms);
+        let (remaining_tokens, tokens_valid_for_ms) =
+            Remaining::view(remaining.tokens, remaining.tokens_until_ms, now_ms);
         let headroom = |limit: Option<u64>, used: u64| limit.map(|l| l.saturating_sub(used));
+        let short = |limit: Option<u64>| limit.map(|l| (l / SHORT_WINDOWS_A_MINUTE).max(1));
         serde_json::json!({
             "counted": if shared.is_some() { "shared" } else { "this_instance" },
             "this_instance": { "in_flight": self.in_flight(), "requests": local_requests, "tokens": local_tokens },
-            "in_flight": in_flight,
+            "in_flight": used.in_flight,
             "max_in_flight": limits.max_in_flight,
             "window": {
-                "requests": requests, "tokens": tokens,
+                "requests": used.requests, "tokens": used.tokens,
                 "rpm_limit": limits.rpm, "tpm_limit": limits.tpm,
-                "requests_headroom": headroom(limits.rpm, requests),
-                "tokens_headroom": headroom(limits.tpm, tokens),
+                "requests_headroom": headroom(limits.rpm, used.requests),
+                "tokens_headroom": headroom(limits.tpm, used.tokens),
+            },
+            "window_10s": {
+                "requests": used.requests_10s, "tokens": used.tokens_10s,
+                "requests_limit": short(limits.rpm), "tokens_limit": short(limits.tpm),
+                "requests_headroom": headroom(short(limits.rpm), used.requests_10s),
+                "tokens_headroom": headroom(short(limits.tpm), used.tokens_10s),
             },
             "upstream_remaining": {
-                "requests": remaining.requests, "tokens": remaining.tokens,
+                "requests": remaining_requests, "tokens": remaining_tokens,
                 "age_ms": (remaining.seen_ms > 0).then(|| now_ms.saturating_sub(remaining.seen_ms)),
+                "requests_valid_for_ms": requests_valid_for_ms,
+                "tokens_valid_for_ms": tokens_valid_for_ms,
             },
             "latency_ewma_ms": self.latency_ewma_us.load(Ordering::Relaxed) as f64 / 1000.0,
             "share": self.share(now_ms),
@@ -336,8 +474,9 @@ mod tests {
         let mut first = load.begin(600, start);
         first.settle(700, start);
         first.settle(100, start);
-        assert!(!load.fits(&tpm, None, 400, start + 1000));
-        assert!(load.fits(&tpm, None, 300, start + 1000));
+        // Past the ten seconds, the minute decides.
+        assert!(!load.fits(&tpm, None, 400, start + 11_000));
+        assert!(load.fits(&tpm, None, 300, start + 11_000));
         assert!(load.fits(&tpm, None, 400, start + 60_000));
     }
 
@@ -365,9 +504,107 @@ mod tests {
             "x-ratelimit-remaining-tokens",
             http::HeaderValue::from_static("50"),
         );
-        load.observe(&headers, 5_000);
+        load.observe(&headers, false, 5_000);
         assert!(!load.fits(&Limits::default(), None, 100, 6_000));
         assert!(load.fits(&Limits::default(), None, 100, 5_000 + REMAINING_FRESH_MS));
+    }
+
+    fn answer(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| {
+                (
+                    HeaderName::from_static(name),
+                    http::HeaderValue::from_static(value),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reading_holds_until_the_reset_the_upstream_gave_for_it() {
+        let load = Load::default();
+        let headers = answer(&[
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "1.5s"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+        ]);
+        load.observe(&headers, false, 1_000);
+        let none = Limits::default();
+        // Out of requests for 1.5 s; out of tokens for six minutes, past the default.
+        assert!(!load.fits(&none, None, 0, 2_499));
+        assert!(load.fits(&none, None, 0, 2_500));
+        assert!(!load.fits(&none, None, 1, 1_000 + 359_999));
+        assert!(load.fits(&none, None, 1, 1_000 + 360_000));
+    }
+
+    #[test]
+    fn a_429s_reading_ends_with_the_cooldown_it_causes() {
+        let load = Load::default();
+        let none = Limits::default();
+        let throttled = answer(&[
+            ("retry-after", "3"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "30s"),
+        ]);
+        load.observe(&throttled, true, 10_000);
+        assert!(!load.fits(&none, None, 1, 12_999));
+        assert!(load.fits(&none, None, 1, 13_000));
+        let view = load.view(&none, None, 12_000);
+        assert_eq!(view["upstream_remaining"]["tokens_valid_for_ms"], 1_000);
+        // Without a Retry-After, the cooldown is the default one.
+        load.observe(
+            &answer(&[("x-ratelimit-remaining-tokens", "0")]),
+            true,
+            20_000,
+        );
+        let cooldown = outcome::DEFAULT_COOLDOWN.as_millis() as u64;
+        assert!(!load.fits(&none, None, 1, 20_000 + cooldown - 1));
+        assert!(load.fits(&none, None, 1, 20_000 + cooldown));
+        // A success's reading without a reset holds for the default time.
+        load.observe(
+            &answer(&[("x-ratelimit-remaining-tokens", "0")]),
+            false,
+            30_000,
+        );
+        assert!(!load.fits(&none, None, 1, 30_000 + REMAINING_FRESH_MS - 1));
+    }
+
+    #[test]
+    fn resets_read_as_openai_and_azure_write_them() {
+        let ms = |value: &str| reset_after(value).map(|d| d.as_millis());
+        assert_eq!(ms("20ms"), Some(20));
+        assert_eq!(ms("1s"), Some(1_000));
+        assert_eq!(ms("1.5s"), Some(1_500));
+        assert_eq!(ms("6m0s"), Some(360_000));
+        assert_eq!(ms("114h18m0s"), Some(411_480_000));
+        assert_eq!(ms("60"), Some(60_000));
+        assert_eq!(ms(" 0.25 "), Some(250));
+        assert_eq!(ms("soon"), None);
+        assert_eq!(ms("5x"), None);
+        assert_eq!(ms("-1"), None);
+    }
+
+    #[test]
+    fn a_sixth_of_the_minute_in_ten_seconds_is_the_short_window_headroom() {
+        let load = Arc::new(Load::default());
+        let both = limits(Some(60), Some(6_000), None);
+        let start = 1_000_000;
+        let guards: Vec<InFlight> = (0..9).map(|_| load.begin(10, start)).collect();
+        assert!(load.fits(&both, None, 10, start + 500));
+        let tenth = load.begin(10, start + 500);
+        assert!(!load.fits(&both, None, 10, start + 900));
+        // The burst leaves the short window after ten to eleven seconds.
+        assert!(!load.fits(&both, None, 10, start + 10_999));
+        assert!(load.fits(&both, None, 10, start + 11_000));
+        drop((guards, tenth));
+        // Tokens likewise: 1000 a ten seconds, but an idle backend takes a larger request.
+        let tokens = Arc::new(Load::default());
+        assert!(tokens.fits(&both, None, 1_500, start));
+        let _big = tokens.begin(900, start);
+        assert!(tokens.fits(&both, None, 100, start));
+        assert!(!tokens.fits(&both, None, 101, start));
     }
 
     #[test]

@@ -88,6 +88,9 @@ fn status_verdict(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Verdi
     }
 }
 
+/// How long a target that answered 429 without any Retry-After is left alone.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(1);
+
 /// Azure's precise retry hint, in milliseconds.
 pub const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 

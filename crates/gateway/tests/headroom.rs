@@ -1,6 +1,7 @@
-//! Headroom-aware selection inside a priority group: backends near their quota or at their
-//! in-flight cap are passed over before they answer 429, a full group spills to the next
-//! priority, and a retry prefers another region.
+//! Headroom-aware selection inside a priority group: backends near their quota (in the minute or
+//! in Azure's ten-second periods) or at their in-flight cap are passed over before they answer
+//! 429, a full group spills to the next priority, an upstream's "nothing left" holds only until
+//! it may be asked again, and a retry prefers another region.
 
 mod common;
 
@@ -18,10 +19,11 @@ async fn a_ptu_backend_takes_traffic_until_its_headroom_is_gone_then_spills_with
 ) {
     let h = Harness::start(
         vec![
-            EndpointSpec::azure("ptu", "swedencentral").deployment(DeploymentSpec::new("gpt-4o").tpm(1000)),
+            EndpointSpec::azure("ptu", "swedencentral")
+                .deployment(DeploymentSpec::new("gpt-4o").tpm(6000).ten_second_windows()),
             EndpointSpec::azure("paygo", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
         ],
-        "backends:\n  - { name: ptu, provider: azure, region: swedencentral, url: \"{url:ptu}\", limits: { tpm: 1000 } }\n  - { name: paygo, provider: azure, region: swedencentral, url: \"{url:paygo}\" }\nmodels:\n  - name: chat\n    targets:\n      - { backend: ptu, deployment: gpt-4o, priority: 1 }\n      - { backend: paygo, deployment: gpt-4o, priority: 2 }\n",
+        "backends:\n  - { name: ptu, provider: azure, region: swedencentral, url: \"{url:ptu}\", limits: { tpm: 6000 } }\n  - { name: paygo, provider: azure, region: swedencentral, url: \"{url:paygo}\" }\nmodels:\n  - name: chat\n    targets:\n      - { backend: ptu, deployment: gpt-4o, priority: 1 }\n      - { backend: paygo, deployment: gpt-4o, priority: 2 }\n",
     )
     .await;
     let mut served_by = Vec::new();
@@ -46,8 +48,8 @@ async fn a_ptu_backend_takes_traffic_until_its_headroom_is_gone_then_spills_with
         served_by[on_ptu..].iter().all(|b| b == "paygo"),
         "{served_by:?}"
     );
-    // When the minute has rolled, the PTU capacity is used first again.
-    tokio::time::sleep(Duration::from_secs(61)).await;
+    // When its ten seconds have passed, the PTU capacity is used first again.
+    tokio::time::sleep(Duration::from_secs(11)).await;
     let answer = h
         .post("/v1/chat/completions", chat_with_budget("chat", 100))
         .await;
@@ -114,4 +116,85 @@ async fn a_retry_prefers_a_backend_in_another_region() {
         0,
         "a retry stayed in the failed region"
     );
+}
+
+#[tokio::test]
+async fn a_throttled_ptu_is_asked_first_again_as_soon_as_its_retry_after_has_passed() {
+    let out_of_tokens = Behavior {
+        status: Some(429),
+        retry_after_s: Some(3),
+        remaining_tokens: Some(0),
+        ..Behavior::default()
+    };
+    let h = Harness::start(
+        vec![
+            EndpointSpec::azure("ptu", "swedencentral")
+                .deployment(DeploymentSpec::new("gpt-4o"))
+                .behavior(out_of_tokens),
+            EndpointSpec::azure("paygo-a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
+            EndpointSpec::azure("paygo-b", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
+        ],
+        "backends:\n  - { name: ptu, provider: azure, region: swedencentral, url: \"{url:ptu}\" }\n  - { name: paygo-a, provider: azure, region: swedencentral, url: \"{url:paygo-a}\" }\n  - { name: paygo-b, provider: azure, region: swedencentral, url: \"{url:paygo-b}\" }\nmodels:\n  - name: chat\n    targets:\n      - { backend: ptu, deployment: gpt-4o, priority: 1 }\n      - { backend: paygo-a, deployment: gpt-4o, priority: 2 }\n      - { backend: paygo-b, deployment: gpt-4o, priority: 2 }\n",
+    )
+    .await;
+    let throttled = h.chat("chat").await;
+    assert_eq!(throttled.status, 200, "{}", throttled.body);
+    assert!(
+        throttled.attempts().starts_with("ptu=429,paygo-"),
+        "{}",
+        throttled.attempts()
+    );
+    let admin = h.admin_get("/admin/backends", Some(ADMIN_TOKEN)).await;
+    let backends = admin.json()["backends"].clone();
+    let ptu = backends
+        .as_array()
+        .and_then(|list| list.iter().find(|b| b["name"] == "ptu"))
+        .map(|b| b["load"]["upstream_remaining"].clone())
+        .unwrap_or_else(|| panic!("no ptu in {}", admin.body));
+    assert_eq!(ptu["tokens"], 0, "{ptu}");
+    let valid_for = ptu["tokens_valid_for_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!((2_000..=3_000).contains(&valid_for), "{ptu}");
+    h.endpoint("ptu").set_behavior(Behavior::default());
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let answer = h.chat("chat").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.attempts(), "ptu=200");
+}
+
+#[tokio::test]
+async fn a_burst_within_the_minutes_rpm_spreads_before_azures_ten_second_periods_refuse_it() {
+    let rpm = 60;
+    let deployment = || DeploymentSpec::new("gpt-4o").rpm(rpm).ten_second_windows();
+    let h = Harness::start(
+        vec![
+            EndpointSpec::azure("ptu", "swedencentral").deployment(deployment()),
+            EndpointSpec::azure("paygo", "swedencentral").deployment(deployment()),
+        ],
+        "backends:\n  - { name: ptu, provider: azure, region: swedencentral, url: \"{url:ptu}\", limits: { rpm: 60 } }\n  - { name: paygo, provider: azure, region: swedencentral, url: \"{url:paygo}\", limits: { rpm: 60 } }\nmodels:\n  - name: chat\n    targets:\n      - { backend: ptu, deployment: gpt-4o, priority: 1 }\n      - { backend: paygo, deployment: gpt-4o, priority: 2 }\n",
+    )
+    .await;
+    let burst = rpm / 3;
+    let started = tokio::time::Instant::now();
+    let mut pace = tokio::time::interval(Duration::from_millis(2_000 / burst));
+    let mut served_by = Vec::new();
+    for _ in 0..burst {
+        pace.tick().await;
+        let answer = h.chat("chat").await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            !answer.attempts().contains("429"),
+            "a ten-second period refused: {}",
+            answer.attempts()
+        );
+        served_by.push(answer.header("x-onedoor-backend").to_owned());
+    }
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let on = |name: &str| served_by.iter().filter(|b| *b == name).count() as u64;
+    assert_eq!(
+        (on("ptu"), on("paygo")),
+        (rpm / 6, rpm / 6),
+        "{served_by:?}"
+    );
+    let upstream = h.endpoint("ptu").total_requests() + h.endpoint("paygo").total_requests();
+    assert_eq!(upstream, burst, "every request was asked once");
 }

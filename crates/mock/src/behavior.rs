@@ -25,6 +25,9 @@ pub struct Behavior {
     pub inter_token_ms: u64,
     /// Retry-After carried by 429s, overriding the real time until the quota frees.
     pub retry_after_s: Option<u64>,
+    /// Reported in `x-ratelimit-remaining-tokens` on every answer, whatever the quota says (a
+    /// PTU that answers 429 with no tokens left).
+    pub remaining_tokens: Option<u64>,
     /// Length of the reply in words (default 8).
     pub reply_words: Option<u32>,
     /// Answer like a lax OpenAI-compatible server (OpenAI dialect): no usage at all (not even

@@ -197,6 +197,11 @@ impl<'a> Exchange<'a> {
     ) -> Response<Body> {
         self.wire
             .decorate(response.headers_mut(), &self.ctx, quota, retry);
+        if let Some(left) = self.behavior.remaining_tokens {
+            response
+                .headers_mut()
+                .insert("x-ratelimit-remaining-tokens", left.into());
+        }
         response
     }
 
@@ -306,10 +311,12 @@ impl<'a> Exchange<'a> {
         let limits = Limits {
             rpm: d.spec.rpm,
             tpm: d.spec.tpm,
+            ten_second_windows: d.spec.ten_second_windows,
         };
         lock(&d.window)
             .admit(limits, cost, Instant::now())
-            .map_err(|(throttle, quota)| {
+            .map_err(|refused| {
+                let (throttle, quota) = *refused;
                 let retry_after_s = self
                     .behavior
                     .retry_after_s

@@ -27,6 +27,8 @@ pub struct DeploymentSpec {
     pub tpm: Option<u64>,
     /// Prompt tokens above this get a 400 context_length_exceeded.
     pub context_window: Option<u64>,
+    /// Also enforce a sixth of `rpm` and `tpm` in any ten seconds, as Azure does.
+    pub ten_second_windows: bool,
 }
 
 impl DeploymentSpec {
@@ -37,6 +39,7 @@ impl DeploymentSpec {
             rpm: None,
             tpm: None,
             context_window: None,
+            ten_second_windows: false,
         }
     }
 
@@ -57,6 +60,12 @@ impl DeploymentSpec {
 
     pub fn context_window(mut self, n: u64) -> Self {
         self.context_window = Some(n);
+        self
+    }
+
+    /// Enforces Azure's short periods: a sixth of `rpm` and `tpm` in any ten seconds.
+    pub fn ten_second_windows(mut self) -> Self {
+        self.ten_second_windows = true;
         self
     }
 }

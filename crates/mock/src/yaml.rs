@@ -40,6 +40,8 @@ struct DeploymentEntry {
     rpm: Option<u64>,
     tpm: Option<u64>,
     context_window: Option<u64>,
+    #[serde(default)]
+    ten_second_windows: bool,
 }
 
 fn default_region() -> String {
@@ -91,6 +93,7 @@ impl DeploymentEntry {
             rpm: self.rpm,
             tpm: self.tpm,
             context_window: self.context_window,
+            ten_second_windows: self.ten_second_windows,
         }
     }
 }

@@ -20,7 +20,7 @@ pub use breaker::{BreakerPhase, BreakerRecord, Claim};
 pub use memory::MemoryState;
 pub use meter::{
     day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal,
-    Reservation, Settlement, Verdict,
+    Reservation, Settlement, Verdict, SHORT_WINDOW_SECONDS,
 };
 pub use redis::{OnError, RedisConfig, RedisState};
 pub use store::{Detached, Health, Store};

@@ -80,9 +80,12 @@ impl Meter {
 
     fn usage(&self, second: u64) -> MeterUsage {
         let (requests, tokens) = self.window.used(second);
+        let (requests_10s, tokens_10s) = self.window.recent(second);
         MeterUsage {
             requests,
             tokens,
+            requests_10s,
+            tokens_10s,
             in_flight: self.in_flight,
             day_tokens: self.day.1,
             month_micro_usd: self.month.1,
@@ -389,6 +392,8 @@ impl MemoryState {
                 MeterUsage {
                     requests: before.requests + 1,
                     tokens: before.tokens + charge.tokens,
+                    requests_10s: before.requests_10s + 1,
+                    tokens_10s: before.tokens_10s + charge.tokens,
                     in_flight: guard.in_flight,
                     day_tokens: guard.day.1,
                     month_micro_usd: guard.month.1,

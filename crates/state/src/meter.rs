@@ -1,6 +1,9 @@
 //! Meters: what a tenant, a key or a backend has used. A rolling minute of requests and tokens
 //! (sixty one-second buckets: a charge leaves the window between 59 and 60 seconds after it was
-//! made), the requests in flight, the tokens of the current UTC day and the spend (in millionths
+//! made), the same over the last ten seconds (the eleven buckets that end now, so a charge counts
+//! there between 10 and 11 seconds: Azure enforces a sixth of a deployment's rpm in any ten
+//! seconds, and a count that may fall short of a real ten seconds would let a burst through),
+//! the requests in flight, the tokens of the current UTC day and the spend (in millionths
 //! of a dollar) of the current UTC month. The Redis scripts implement the same arithmetic; the
 //! memory store uses this module's.
 
@@ -9,6 +12,8 @@ use std::cell::Cell;
 
 /// Seconds in the rolling window.
 pub const WINDOW_SECONDS: u64 = 60;
+/// Seconds in the short window; a charge counts in it for one bucket more (see the module).
+pub const SHORT_WINDOW_SECONDS: u64 = 10;
 const DAY_MS: u64 = 86_400_000;
 
 /// Which meter: its hash tag (meters checked together share one, so one script may touch them
@@ -81,6 +86,10 @@ pub struct MeterUsage {
     pub requests: u64,
     /// Tokens in the rolling minute.
     pub tokens: u64,
+    /// Requests in the last ten seconds (the short window).
+    pub requests_10s: u64,
+    /// Tokens in the last ten seconds.
+    pub tokens_10s: u64,
     pub in_flight: u64,
     pub day_tokens: u64,
     pub month_micro_usd: u64,
@@ -228,6 +237,17 @@ impl Window {
             tokens,
         }));
         (requests, tokens)
+    }
+
+    /// The requests and tokens of the short window that ends with `second`: its bucket and the
+    /// ten before it.
+    pub fn recent(&self, second: u64) -> (u64, u64) {
+        (second.saturating_sub(SHORT_WINDOW_SECONDS)..=second).fold((0, 0), |(r, t), s| match self
+            .buckets[(s % WINDOW_SECONDS) as usize]
+        {
+            (held, br, bt) if held == s => (r + br, t + bt),
+            _ => (r, t),
+        })
     }
 
     /// The minute's sum, bucket by bucket.
@@ -424,6 +444,22 @@ mod tests {
         w.adjust(130, -15);
         w.adjust(99, 1000);
         assert_eq!(w.used(159), (2, 55));
+    }
+
+    #[test]
+    fn a_charge_counts_in_the_short_window_for_its_second_and_the_ten_after() {
+        let mut w = Window::default();
+        w.add(100, 1, 50);
+        w.add(105, 2, 20);
+        assert_eq!(w.recent(105), (3, 70));
+        assert_eq!(w.recent(110), (3, 70));
+        assert_eq!(w.recent(111), (2, 20));
+        assert_eq!(w.recent(116), (0, 0));
+        w.adjust(105, 5);
+        assert_eq!(w.recent(115), (2, 25));
+        // A bucket reused a minute later holds the new second only.
+        w.add(160, 1, 1);
+        assert_eq!(w.recent(160), (1, 1));
     }
 
     #[test]

@@ -195,13 +195,15 @@ fn u(values: &[i64], i: usize) -> u64 {
 fn usage_at(values: &[i64], at: usize, meters: usize) -> Vec<MeterUsage> {
     (0..meters)
         .map(|m| {
-            let b = at + 5 * m;
+            let b = at + 7 * m;
             MeterUsage {
                 requests: u(values, b),
                 tokens: u(values, b + 1),
                 in_flight: u(values, b + 2),
                 day_tokens: u(values, b + 3),
                 month_micro_usd: u(values, b + 4),
+                requests_10s: u(values, b + 5),
+                tokens_10s: u(values, b + 6),
             }
         })
         .collect()
@@ -488,7 +490,7 @@ fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
         .iter()
         .enumerate()
         .map(|(j, backend)| {
-            let at = base + 5 * j;
+            let at = base + 7 * j;
             let get = |k: usize| values.get(at + k).copied().unwrap_or(0);
             BackendView {
                 breaker: phase(get(0), get(1)),
@@ -496,6 +498,8 @@ fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
                     requests: u(values, at + 2),
                     tokens: u(values, at + 3),
                     in_flight: u(values, at + 4),
+                    requests_10s: u(values, at + 5),
+                    tokens_10s: u(values, at + 6),
                     ..MeterUsage::default()
                 }),
             }

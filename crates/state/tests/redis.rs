@@ -410,3 +410,55 @@ async fn spent_tokens_count_in_the_minute_day_and_month_without_a_request_as_in_
         assert_eq!((refusal.limit, refusal.used), (Limit::TokensPerDay, 30));
     }
 }
+
+/// Charges a backend three requests of 10 tokens and settles one at 25; returns its usage as the
+/// routing view and as an operator's read see it.
+async fn burst<S: State>(store: &S) -> (onedoor_state::MeterUsage, onedoor_state::MeterUsage) {
+    let ask = Ask {
+        meters: vec![(MeterKey::backend("ptu"), MeterLimits::default())],
+        charge: Charge {
+            tokens: 10,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
+        enforce: false,
+    };
+    let mut made = Vec::new();
+    for _ in 0..3 {
+        let Verdict::Admitted(reservation) = store.admit(&ask).await.unwrap() else {
+            panic!("a backend's count refuses nothing");
+        };
+        made.push(reservation);
+    }
+    let settlement = Settlement {
+        tokens: 25,
+        micro_usd: 0,
+        release: true,
+    };
+    store.settle(&made[0], settlement).await;
+    let backends = [BackendQuery {
+        name: "ptu",
+        breaker: None,
+        metered: true,
+    }];
+    let query = RoutingQuery {
+        targets: &[],
+        backends: &backends,
+    };
+    let view = store.routing(query).await.unwrap();
+    let read = store.usage(&[MeterKey::backend("ptu")]).await.unwrap();
+    (view.backends[0].usage.unwrap(), read[0])
+}
+
+#[tokio::test]
+async fn the_last_ten_seconds_are_counted_as_in_memory() {
+    let redis = redis("short-window").await;
+    let memory = onedoor_state::MemoryState::new();
+    let ((shared_view, shared_read), (local_view, local_read)) =
+        (burst(&redis).await, burst(&memory).await);
+    assert_eq!(shared_read, local_read);
+    let short = |u: onedoor_state::MeterUsage| (u.requests_10s, u.tokens_10s, u.in_flight);
+    assert_eq!(short(shared_read), (3, 45, 2));
+    assert_eq!(short(shared_view), short(local_view));
+    assert_eq!(short(shared_view), (3, 45, 2));
+}

@@ -3,7 +3,7 @@
 -- ARGV: meter count N, tokens, millionths of a dollar, lease ms, in-flight member, enforce (0/1),
 -- then per meter rpm, tpm, max_in_flight, tokens_per_day, micro_usd_per_month (-1: no limit).
 -- Returns {1, second, day, month, per meter: requests, tokens, in flight, day tokens, month
--- spend after the charge} or {0, meter, limit code, retry ms, used, cap, asked, per meter usage}.
+-- spend, requests and tokens of the last ten seconds after the charge} or {0, meter, limit code, retry ms, used, cap, asked, per meter usage}.
 local n = tonumber(ARGV[1])
 local tokens = tonumber(ARGV[2])
 local usd = tonumber(ARGV[3])
@@ -37,6 +37,8 @@ local function usage(out)
     out[#out + 1] = m.fly
     out[#out + 1] = m.d
     out[#out + 1] = m.m
+    out[#out + 1] = m.r10
+    out[#out + 1] = m.t10
   end
   return out
 end
@@ -79,5 +81,6 @@ for i = 1, n do
   redis.call('PEXPIRE', f, lease + 1000)
   charge_period(p, tokens, usd)
   m.r, m.t, m.fly, m.d, m.m = m.r + 1, m.t + tokens, m.fly + 1, m.d + tokens, m.m + usd
+  m.r10, m.t10 = m.r10 + 1, m.t10 + tokens
 end
 return usage({ 1, second, day, month })

@@ -1,7 +1,8 @@
 -- Counts tokens and spend used without a reservation (a realtime session's responses) where they
 -- fall now: in the rolling minute, the UTC day and the UTC month; no request, nothing in flight.
 -- KEYS: per meter window hash, in-flight set, period hash. ARGV: tokens, millionths of a dollar.
--- Returns per meter: requests, tokens, in flight, day tokens, month spend, after the charge.
+-- Returns per meter: requests, tokens, in flight, day tokens, month spend, requests and tokens of
+-- the last ten seconds, after the charge.
 local tokens, usd = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 for i = 1, #KEYS / 3 do
@@ -16,5 +17,7 @@ for i = 1, #KEYS / 3 do
   out[#out + 1] = m.fly
   out[#out + 1] = day_total
   out[#out + 1] = month_total
+  out[#out + 1] = m.r10
+  out[#out + 1] = m.t10 + tokens
 end
 return out

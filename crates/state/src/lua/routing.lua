@@ -4,7 +4,8 @@
 -- ARGV: target count N, N target fields, then per backend two flags ("10": breaker, not metered).
 -- Returns per target: not-served ms left (-1 none), cooldown ms left (-1 none), served (0/1);
 -- per backend: breaker phase (0 closed, 1 open, 2 half-open, 3 half-open probing), open ms left,
--- requests and tokens in the rolling minute, in flight (the last three -1 when not metered).
+-- requests and tokens in the rolling minute, in flight, requests and tokens of the last ten
+-- seconds (the last five -1 when not metered).
 local n = tonumber(ARGV[1])
 local out = {}
 if n > 0 then
@@ -22,7 +23,14 @@ if n > 0 then
     out[#out + 1] = c > now and 1 or 0
   end
 end
-local oldest = math.floor(now / 1000) - 59
+local second = math.floor(now / 1000)
+local oldest = second - 59
+-- The short window's fields: the current second's buckets and the ten before (as meter.lua).
+local recent = {}
+for s = second - 10, second do
+  recent[#recent + 1] = 'r' .. s
+  recent[#recent + 1] = 't' .. s
+end
 local backends = (#KEYS - 3) / 3
 for j = 1, backends do
   local flags = ARGV[1 + n + j]
@@ -59,10 +67,16 @@ for j = 1, backends do
     out[#out + 1] = r
     out[#out + 1] = tk
     out[#out + 1] = redis.call('ZCOUNT', KEYS[3 * j + 3], '(' .. now, '+inf')
+    local v = redis.call('HMGET', w, unpack(recent))
+    local r10, t10 = 0, 0
+    for i = 1, #v, 2 do
+      r10 = r10 + (tonumber(v[i]) or 0)
+      t10 = t10 + (tonumber(v[i + 1]) or 0)
+    end
+    out[#out + 1] = r10
+    out[#out + 1] = t10
   else
-    out[#out + 1] = -1
-    out[#out + 1] = -1
-    out[#out + 1] = -1
+    for _ = 1, 5 do out[#out + 1] = -1 end
   end
 end
 return out

@@ -1,5 +1,6 @@
 -- Current usage of each meter. KEYS: per meter window hash, in-flight set, period hash.
--- Returns per meter: requests, tokens, in flight, day tokens, month spend.
+-- Returns per meter: requests, tokens, in flight, day tokens, month spend, requests and tokens of
+-- the last ten seconds.
 local out = {}
 for i = 1, #KEYS / 3 do
   local m = read_meter(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], false)
@@ -8,5 +9,7 @@ for i = 1, #KEYS / 3 do
   out[#out + 1] = m.fly
   out[#out + 1] = m.d
   out[#out + 1] = m.m
+  out[#out + 1] = m.r10
+  out[#out + 1] = m.t10
 end
 return out
