@@ -23,6 +23,9 @@ pub struct Behavior {
     pub ttft_ms: u64,
     /// Gap between stream chunks.
     pub inter_token_ms: u64,
+    /// Streaming: play the content chunks over and over and never finish, for a client that
+    /// stops reading (the stream outlasts every buffer between the two).
+    pub endless: bool,
     /// Retry-After carried by 429s, overriding the real time until the quota frees.
     pub retry_after_s: Option<u64>,
     /// Reported in `x-ratelimit-remaining-tokens` on every answer, whatever the quota says (a

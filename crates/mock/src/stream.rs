@@ -77,16 +77,35 @@ enum End {
 
 struct Playback {
     frames: VecDeque<(Duration, Bytes)>,
+    /// Played again each time `frames` runs out (an endless stream); empty for the others.
+    again: Vec<(Duration, Bytes)>,
     end: End,
     watch: Watch,
 }
 
 fn play(frames: VecDeque<(Duration, Bytes)>, end: End, watch: Watch) -> Body {
-    let playback = Playback { frames, end, watch };
+    play_over(frames, Vec::new(), end, watch)
+}
+
+fn play_over(
+    frames: VecDeque<(Duration, Bytes)>,
+    again: Vec<(Duration, Bytes)>,
+    end: End,
+    watch: Watch,
+) -> Body {
+    let playback = Playback {
+        frames,
+        again,
+        end,
+        watch,
+    };
     StreamBody::new(stream::unfold(playback, next_frame).boxed())
 }
 
 async fn next_frame(mut p: Playback) -> Option<(Result<Frame<Bytes>, io::Error>, Playback)> {
+    if p.frames.is_empty() {
+        p.frames.extend(p.again.iter().cloned());
+    }
     if let Some((delay, bytes)) = p.frames.pop_front() {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
@@ -140,6 +159,14 @@ pub fn scripted(script: Script, b: &Behavior, watch: Watch) -> Body {
         .into_iter()
         .map(|e| (Duration::ZERO, e))
         .collect();
+    if b.endless {
+        let again: Vec<_> = script.content.into_iter().map(|e| (gap, e)).collect();
+        frames.extend(again.iter().cloned());
+        if let Some(first) = frames.front_mut() {
+            first.0 = Duration::from_millis(b.ttft_ms);
+        }
+        return play_over(frames, again, End::Hang, watch);
+    }
     let paced = script.content.into_iter().take(cut.unwrap_or(usize::MAX));
     frames.extend(
         paced

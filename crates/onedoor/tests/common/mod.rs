@@ -28,6 +28,25 @@ impl Gateway {
 
     /// [`Gateway::start`] with `env` added to the process's environment.
     pub async fn start_with(config: &Path, run: &str, env: &[(&str, &str)]) -> Gateway {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_onedoor"));
+        command.args(["serve", "--config"]).arg(config);
+        command.envs(env.iter().copied());
+        Gateway::spawn(command, config, run).await
+    }
+
+    /// [`Gateway::start`] from a shell that first runs `prelude` (`ulimit -Sn 256`, say) and
+    /// then becomes the gateway, so the process id is the gateway's.
+    pub async fn start_after(config: &Path, run: &str, prelude: &str) -> Gateway {
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("{prelude}; exec \"$0\" serve --config \"$1\""))
+            .arg(env!("CARGO_BIN_EXE_onedoor"))
+            .arg(config);
+        Gateway::spawn(command, config, run).await
+    }
+
+    async fn spawn(mut command: Command, config: &Path, run: &str) -> Gateway {
         let text = std::fs::read_to_string(config).unwrap();
         let addr: SocketAddr = text
             .lines()
@@ -38,10 +57,7 @@ impl Gateway {
             .unwrap();
         let dir = config.parent().unwrap();
         let log = dir.join(format!("gateway-{run}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_onedoor"))
-            .args(["serve", "--config"])
-            .arg(config)
-            .envs(env.iter().copied())
+        let child = command
             .current_dir(dir)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
