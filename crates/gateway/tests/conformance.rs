@@ -384,15 +384,35 @@ async fn a_chunk_line_with_a_bare_cr_or_spaces_before_its_size_gets_400() {
     assert_refused(&h, &requests, 400).await;
 }
 
+/// RFC 9112 6.3: such a request is read by its Transfer-Encoding alone (or refused), and its
+/// connection closes after the answer whatever its headers say, so nothing can follow it.
 #[tokio::test]
-async fn content_length_together_with_transfer_encoding_gets_400_and_nothing_is_smuggled() {
+async fn content_length_together_with_transfer_encoding_is_read_as_chunked_and_ends_its_connection()
+{
     let h = gateway("").await;
     let body = chunked(CHAT);
-    let both = format!(
-        "Host: gw\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n",
-        body.len()
-    );
-    assert_refused(&h, &[chat_head("HTTP/1.1", &both) + &body], 400).await;
+    for length in [body.len(), 5] {
+        let both =
+            format!("Host: gw\r\nContent-Length: {length}\r\nTransfer-Encoding: chunked\r\n");
+        let before = h.endpoint("a").total_requests();
+        let mut conn = Conn::open(h.gateway.addr()).await;
+        let _ = conn
+            .send(format!(
+                "{}{}",
+                chat_head("HTTP/1.1", &both) + &body,
+                chat()
+            ))
+            .await;
+        let Ending::Closed(bytes) = conn.until_closed(SLACK).await else {
+            panic!("length {length}: the connection was left open");
+        };
+        assert_eq!(statuses(&answers(&bytes)), [200], "length {length}");
+        assert_eq!(
+            h.endpoint("a").total_requests() - before,
+            1,
+            "length {length}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Descriptors kept for everything but client connections: listeners, the admin port, the
-/// usage store, logs.
+/// Descriptors kept for everything but client and upstream connections: listeners, the admin
+/// port, the usage store, logs.
 const RESERVED: u64 = 64;
 
 /// How long a refused connection is read from after its answer, so the client reads the 503
@@ -20,7 +20,11 @@ pub fn raise_descriptor_limit() {
     static RAISED: std::sync::Once = std::sync::Once::new();
     RAISED.call_once(|| match rlimit::Resource::NOFILE.get() {
         Ok((soft, hard)) if soft < hard => match rlimit::Resource::NOFILE.set(hard, hard) {
-            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-files limit"),
+            Ok(()) => tracing::info!(
+                from = soft,
+                to = hard,
+                "raised the open files (descriptor) limit to its hard limit"
+            ),
             Err(error) => tracing::warn!(%error, soft, hard, "cannot raise the open-files limit"),
         },
         Ok(_) => {}
@@ -28,13 +32,15 @@ pub fn raise_descriptor_limit() {
     });
 }
 
-/// The client connections this process can hold, at most `configured`: each may need an
-/// upstream connection as well, and [`RESERVED`] descriptors stay for the rest.
+/// The client connections this process can hold, at most `configured`: a quarter of the
+/// descriptors stays for upstream connections (pooled, held only by requests under way) and
+/// [`RESERVED`] for the rest.
 pub fn connection_cap(configured: usize) -> usize {
     let Ok((soft, _)) = rlimit::Resource::NOFILE.get() else {
         return configured;
     };
-    let fits = usize::try_from(soft.saturating_sub(RESERVED) / 2).unwrap_or(usize::MAX);
+    let clients = soft.saturating_sub(RESERVED).saturating_sub(soft / 4);
+    let fits = usize::try_from(clients).unwrap_or(usize::MAX);
     if fits < configured {
         tracing::warn!(
             max_connections = configured,

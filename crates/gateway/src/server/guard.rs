@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use futures_util::task::AtomicWaker;
 use onedoor_config::ClientTimeouts;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -54,6 +55,9 @@ pub struct Watch {
     answer_by_ms: AtomicU64,
     /// A request's body was left unread: drain before closing.
     linger: AtomicBool,
+    /// The connection's task, woken when its read deadline moves (an answer done): a read that
+    /// went pending while the request was served set no deadline.
+    reader: AtomicWaker,
     opened: Instant,
 }
 
@@ -64,6 +68,7 @@ impl Watch {
             since_ms: AtomicU64::new(0),
             answer_by_ms: AtomicU64::new(0),
             linger: AtomicBool::new(false),
+            reader: AtomicWaker::new(),
             opened: Instant::now(),
         })
     }
@@ -135,6 +140,7 @@ impl Drop for Busy {
         if self.0.phase() == Phase::Busy {
             self.0.answer_by_ms.store(0, Ordering::Relaxed);
             self.0.enter(Phase::Idle);
+            self.0.reader.wake();
         }
     }
 }
@@ -262,6 +268,7 @@ impl AsyncRead for Guarded {
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => {
                 let Some((deadline, head)) = this.read_deadline() else {
+                    this.watch.reader.register(cx.waker());
                     return Poll::Pending;
                 };
                 if !this.reading.expired(deadline, cx) {

@@ -236,7 +236,8 @@ async fn connection<H, F>(
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    match speaks_h2(&stream, &mut shutdown).await {
+    let first = tokio::time::timeout(front.timeouts.head, speaks_h2(&stream, &mut shutdown));
+    match first.await.ok().flatten() {
         None => {}
         Some(false) => http1::serve(stream, front, &mut shutdown).await,
         // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.

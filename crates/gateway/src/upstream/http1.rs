@@ -330,12 +330,14 @@ fn host_of(request: &Request<Bytes>) -> Option<&str> {
 /// The others are left out of the head as it is read: an Azure answer carries a dozen more
 /// (request ids, region, content-filter flags), each hashed and stored for nobody. The framing
 /// headers ([`Framed`]) are read as the head is parsed, into its [`Wire`].
-static READ: [HeaderName; 5] = [
+static READ: [HeaderName; 7] = [
     header::CONTENT_TYPE,
     header::RETRY_AFTER,
     outcome::RETRY_AFTER_MS,
     headroom::REMAINING_REQUESTS,
     headroom::REMAINING_TOKENS,
+    headroom::RESET_REQUESTS,
+    headroom::RESET_TOKENS,
 ];
 
 /// Where a header read off the wire, in any case, goes.
