@@ -540,3 +540,49 @@ async fn an_http_1_0_request_without_host_is_answered_and_the_connection_closed(
     assert_eq!(statuses(&answers), [200], "{answers:?}");
     assert!(answers[0].text().contains("chat.completion"), "{answers:?}");
 }
+
+/// What curl says of an h2 (prior knowledge) upload of `bytes` zero bytes: the status it read
+/// and its exit code (92 is "stream error": a reset where it expected the answer).
+async fn curl_h2_upload(url: String, key: Option<&str>, bytes: usize) -> (String, i32) {
+    let file = std::env::temp_dir().join(format!("onedoor-upload-{}-{bytes}", std::process::id()));
+    std::fs::write(&file, vec![b'0'; bytes]).unwrap();
+    let mut curl = std::process::Command::new("curl");
+    curl.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--http2-prior-knowledge",
+    ])
+    .args(["--max-time", "20", "-X", "POST", "--data-binary"])
+    .arg(format!("@{}", file.display()));
+    if let Some(key) = key {
+        curl.args(["-H", &format!("authorization: Bearer {key}")]);
+    }
+    curl.arg(url);
+    let ran = tokio::task::spawn_blocking(move || curl.output())
+        .await
+        .unwrap();
+    let output = ran.unwrap_or_else(|e| {
+        panic!("curl did not run ({e}): install it with `apt-get install curl`")
+    });
+    let _ = std::fs::remove_file(&file);
+    let code = output.status.code().unwrap_or(-1);
+    (String::from_utf8_lossy(&output.stdout).into_owned(), code)
+}
+
+#[tokio::test]
+async fn an_early_refusal_on_h2_reaches_a_client_still_uploading_as_its_status() {
+    let h = gateway("max_request_body: 1MiB\n").await;
+    let url = h.url("/v1/chat/completions");
+    // A stranger's 5 MB: refused at its key; the caller's 5 MB: over max_request_body.
+    assert_eq!(
+        curl_h2_upload(url.clone(), None, 5 << 20).await,
+        ("401".into(), 0)
+    );
+    assert_eq!(
+        curl_h2_upload(url, Some(KEY), 5 << 20).await,
+        ("413".into(), 0)
+    );
+}
