@@ -16,7 +16,6 @@ mod dashboard;
 mod errors;
 mod failover;
 mod fleet;
-mod framing;
 mod headroom;
 mod health;
 mod idle_poll;
@@ -46,6 +45,8 @@ mod trace;
 pub mod translate;
 mod upstream;
 pub mod usage;
+#[cfg(test)]
+mod wire_damage;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,7 +64,7 @@ use crate::runtime::Runtime;
 pub use crate::idle_poll::configure_from_env as configure_idle_poll;
 pub use crate::lanes::set_housekeeping as set_lane_housekeeping;
 pub use crate::reload::{ReloadError, Summary};
-pub use crate::server::SHUTDOWN_GRACE;
+pub use crate::server::{framing_refusal, SHUTDOWN_GRACE};
 
 /// How long shutdown waits for realtime sessions to finish their close handshakes.
 const SESSIONS_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);

@@ -723,7 +723,7 @@ mod tests {
         for _ in 0..4000 {
             let mut raw = random_object(&mut rng).into_bytes();
             if rng.random_bool(0.3) {
-                crate::framing::damage(&mut rng, &mut raw);
+                crate::wire_damage::damage(&mut rng, &mut raw);
             }
             let expected = owned_members(&raw);
             let Ok(fields) = members(&raw) else {

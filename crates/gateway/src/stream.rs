@@ -517,8 +517,16 @@ impl Relay {
             if self.finished {
                 return Step::End;
             }
-            let until = (Instant::now() + self.rules.idle).min(self.rules.deadline);
-            let cut = match self.read(until).await {
+            let now = Instant::now();
+            // An upstream that never pauses is held to the deadline too, not only one that waits.
+            let read = match now >= self.rules.deadline {
+                true => Read::OutOfTime,
+                false => {
+                    self.read((now + self.rules.idle).min(self.rules.deadline))
+                        .await
+                }
+            };
+            let cut = match read {
                 Read::Data(data) => {
                     self.absorb(data);
                     continue;

@@ -308,6 +308,39 @@ async fn a_stream_the_client_stops_reading_is_ended_by_the_write_timeout_and_its
     );
 }
 
+#[tokio::test]
+async fn a_stream_the_client_reads_whole_is_ended_at_the_total_timeout_with_an_error_event() {
+    let behavior = Behavior {
+        endless: true,
+        ..Behavior::default()
+    };
+    let settings = format!("routing: {{ timeouts: {{ total: 2s }} }}\n{ROUTES}");
+    let h = Harness::start(fleet(behavior), &settings).await;
+    let mut conn = Conn::open(h.gateway.addr()).await;
+    let length = STREAMED_CHAT.len();
+    let request = chat_head(
+        "HTTP/1.1",
+        &format!("Host: gw\r\nContent-Length: {length}\r\n"),
+    ) + STREAMED_CHAT;
+    conn.send(request).await.unwrap();
+    // Kept alive after its answer: what came within twice the total timeout is all there is.
+    let (Ending::Closed(bytes) | Ending::Open(bytes)) =
+        conn.until_closed(Duration::from_secs(4)).await;
+    let tail = String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(600)..]).into_owned();
+    assert!(
+        tail.ends_with("\r\n0\r\n\r\n"),
+        "the answer did not end: ...{tail}"
+    );
+    assert!(
+        tail.contains("total timeout"),
+        "no error event told the cut: ...{tail}"
+    );
+    assert!(
+        eventually(|| h.endpoint("a").cancelled() == 1).await,
+        "the upstream stream was not released"
+    );
+}
+
 // Malformed requests: refused, closed, nothing reaches the upstream.
 
 #[tokio::test]

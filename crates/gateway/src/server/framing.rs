@@ -23,7 +23,7 @@ impl Refusal {
     }
 }
 
-/// What is wrong with `request`'s framing, if anything.
+/// What is wrong with an HTTP/1.x `request`'s framing, if anything.
 pub fn refusal<B>(request: &Request<B>) -> Option<Refusal> {
     host(request.headers(), request.version()).or_else(|| codings(request.headers()))
 }
@@ -133,6 +133,33 @@ mod tests {
         assert_eq!(refused(v11, &[("host", "host:80x")]), Some(400));
         assert_eq!(refused(v11, &[("host", "[::1")]), Some(400));
         assert_eq!(refused(v11, &[("host", "a/b")]), Some(400));
+    }
+
+    #[test]
+    fn any_bytes_in_host_and_coding_are_judged_without_a_panic() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(48);
+        let alphabet = b"aZ09.-_~%!$&'()*+,;=:[]@/ \t,chunkedgzip";
+        for _ in 0..20_000 {
+            let mut field = || -> Vec<u8> {
+                (0..rng.random_range(0..24))
+                    .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                    .collect()
+            };
+            let (host, coding) = (field(), field());
+            let (Ok(host), Ok(coding)) = (
+                http::HeaderValue::from_bytes(&host),
+                http::HeaderValue::from_bytes(&coding),
+            ) else {
+                continue;
+            };
+            let request = Request::builder()
+                .header("host", host)
+                .header("transfer-encoding", coding)
+                .body(())
+                .unwrap();
+            let _ = refusal(&request);
+        }
     }
 
     #[test]

@@ -724,7 +724,7 @@ mod tests {
                 .collect();
             let intact = rng.random_bool(0.4);
             if !intact {
-                crate::framing::damage(&mut rng, &mut sent);
+                crate::wire_damage::damage(&mut rng, &mut sent);
             }
             let mut client = connect(address).await;
             let talk = async {

@@ -31,6 +31,7 @@ use tokio::sync::{watch, Notify};
 use crate::body::{Body, RequestBody};
 use crate::lanes::{Lanes, Serve};
 pub use capacity::{connection_cap, raise_descriptor_limit};
+pub use framing::refusal as framing_refusal;
 pub use intake::{AnswerBy, BodyLimit, Front, SMALL_BODY};
 pub use upgrade::OnUpgrade;
 

@@ -1,7 +1,6 @@
 //! The upstream client: pooled keep-alive connections per backend and lane (HTTP/1.1 and h2,
 //! rustls for https), and one attempt's transport outcome with its timeouts.
 
-mod http1;
 mod pool;
 
 use std::time::Duration;

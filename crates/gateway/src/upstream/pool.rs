@@ -1,7 +1,7 @@
-//! Upstream connections kept for reuse, one pool per backend and lane: HTTP/1.1 connections (the
-//! gateway's own, [`super::http1`]) are lent to one request at a time and come back the moment
-//! their answer's last byte is read; an h2 connection (hyper's, when TLS negotiates h2) is shared
-//! by every request to its origin.
+//! Upstream connections kept for reuse, one pool per backend and lane, all on hyper's client
+//! connections: an HTTP/1.1 connection is lent to one request at a time and comes back the moment
+//! its answer's last byte is read; an h2 connection (when TLS negotiates h2) is shared by every
+//! request to its origin.
 //!
 //! A connection comes back when its body ends, before the caller has relayed that last byte, so the
 //! caller's next request finds it here. A body dropped a few bytes short of its end, as a relay drops a
@@ -14,22 +14,21 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::{Authority, Scheme};
-use http::{Request, Response, Uri};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{header, HeaderValue, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::client::conn::http2;
+use hyper::client::conn::{http1, http2};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::TokioExecutor;
 use tower_service::Service;
 
-use super::http1::{self, SendError};
 use super::{describe, Failure};
 use crate::body::BoxError;
 
-type Http1 = Box<http1::Connection>;
+type Http1 = http1::SendRequest<Whole>;
 type Http2 = http2::SendRequest<Full<Bytes>>;
 
 /// Connections idle longer than this are closed rather than reused (servers commonly close theirs
@@ -138,23 +137,27 @@ impl Pool {
 
     async fn send_http1(
         &self,
-        connection: Http1,
+        mut connection: Http1,
         address: Address,
         request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, Unsent> {
-        match connection.send(request).await {
-            Ok(response) => Ok(response.map(|body| {
-                let home = body.may_return().then(|| Home {
+        if connection.ready().await.is_err() {
+            return Err(Unsent::Back(request));
+        }
+        let request = in_origin_form(request, &address).map(|body| Whole(Some(body)));
+        match connection.try_send_request(request).await {
+            Ok(response) => Ok(response.map(|body| UpstreamBody {
+                inner: Some(body),
+                home: Some(Home {
                     shared: self.shared.clone(),
                     address,
-                });
-                UpstreamBody {
-                    inner: Inner::Http1(body),
-                    home,
-                }
+                    connection,
+                }),
             })),
-            Err(SendError::Unsent(back)) => Err(Unsent::Back(*back)),
-            Err(SendError::Failed(why)) => Err(Unsent::Failed(Failure::Reset(why))),
+            Err(mut error) => match error.take_message() {
+                Some(back) => Err(Unsent::Back(back.map(Whole::into_bytes))),
+                None => Err(Unsent::Failed(Failure::Reset(describe(error.error())))),
+            },
         }
     }
 
@@ -176,7 +179,60 @@ impl Pool {
             tokio::spawn(drive(connection));
             return Ok(Sender::Http2(sender));
         }
-        Ok(Sender::Http1(http1::Connection::new(io.into())))
+        let (sender, connection) = http1::handshake(io).await.map_err(handshake_failed)?;
+        tokio::spawn(drive(connection));
+        Ok(Sender::Http1(sender))
+    }
+}
+
+/// `request` as an HTTP/1.1 origin server takes it: the path alone in its target, the
+/// authority in `host` (unless it set its own).
+fn in_origin_form(mut request: Request<Bytes>, address: &Address) -> Request<Bytes> {
+    let path = request
+        .uri()
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    *request.uri_mut() = Uri::from(path);
+    if !request.headers().contains_key(header::HOST) {
+        if let Ok(host) = HeaderValue::from_str(address.authority.as_str()) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+    }
+    request
+}
+
+/// A request's body, whole, that a connection which closed before it was written hands back.
+pub struct Whole(Option<Bytes>);
+
+impl Whole {
+    fn into_bytes(self) -> Bytes {
+        self.0.unwrap_or_default()
+    }
+}
+
+impl Body for Whole {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(
+            self.0
+                .take()
+                .filter(|b| !b.is_empty())
+                .map(|b| Ok(Frame::data(b))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(Bytes::is_empty)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |b| b.len() as u64))
     }
 }
 
@@ -196,7 +252,7 @@ async fn send_http2(
         .await
         .map_err(|e| Failure::Reset(describe(&e)))?;
     Ok(response.map(|body| UpstreamBody {
-        inner: Inner::Http2(body),
+        inner: Some(body),
         home: None,
     }))
 }
@@ -244,7 +300,7 @@ impl Shared {
         origin_entry(&mut origins, address).http2 = Some(sender);
     }
 
-    /// The origin's live h2 connection, else its most recently parked live HTTP/1.1 one, in
+    /// The origin's live h2 connection, else its most recently parked open HTTP/1.1 one, in
     /// one look at the pool.
     fn checkout(&self, address: &Address) -> Option<Sender> {
         let mut origins = self.origins();
@@ -256,8 +312,8 @@ impl Shared {
             return Some(Sender::Http2(shared.clone()));
         }
         let now = Instant::now();
-        while let Some(mut parked) = origin.idle.pop_back() {
-            if now.duration_since(parked.since) < IDLE_TIMEOUT && parked.connection.is_usable() {
+        while let Some(parked) = origin.idle.pop_back() {
+            if now.duration_since(parked.since) < IDLE_TIMEOUT && !parked.connection.is_closed() {
                 return Some(Sender::Http1(parked.connection));
             }
         }
@@ -306,29 +362,23 @@ fn origin_entry<'a>(origins: &'a mut Vec<Origin>, address: &Address) -> &'a mut 
 struct Home {
     shared: Arc<Shared>,
     address: Address,
+    connection: Http1,
 }
 
 /// An upstream response body; reading it to its end returns its connection to the pool.
 pub struct UpstreamBody {
-    inner: Inner,
+    /// `None` once the body has ended or failed.
+    inner: Option<Incoming>,
     /// Set while the HTTP/1.1 connection may still go back to its pool.
     home: Option<Home>,
 }
 
-enum Inner {
-    Ended,
-    Http1(http1::Body),
-    Http2(Incoming),
-}
-
 impl UpstreamBody {
-    /// The body has ended: its HTTP/1.1 connection goes back to the pool if it may.
+    /// The body has ended: its HTTP/1.1 connection goes back to the pool.
     fn finish(&mut self) {
-        let Inner::Http1(body) = std::mem::replace(&mut self.inner, Inner::Ended) else {
-            return;
-        };
-        if let (Some(home), Some(connection)) = (self.home.take(), body.into_reusable()) {
-            home.shared.park(&home.address, connection);
+        self.inner = None;
+        if let Some(home) = self.home.take() {
+            home.shared.park(&home.address, home.connection);
         }
     }
 
@@ -337,13 +387,16 @@ impl UpstreamBody {
     /// when more is on its way.
     fn read_arrived(&mut self, cx: &mut Context<'_>, budget: &mut usize) -> Option<bool> {
         loop {
-            let (Some(_), Inner::Http1(body)) = (&self.home, &mut self.inner) else {
+            let (Some(_), Some(body)) = (&self.home, &mut self.inner) else {
                 return Some(true);
             };
-            let size = match body.poll_data(cx) {
+            let size = match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Pending => return None,
-                Poll::Ready(None) => 0,
-                Poll::Ready(Some(Ok(data))) => data.len(),
+                Poll::Ready(None) => {
+                    self.finish();
+                    return Some(true);
+                }
+                Poll::Ready(Some(Ok(frame))) => frame.data_ref().map_or(0, Bytes::len),
                 Poll::Ready(Some(Err(_))) => usize::MAX,
             };
             let Some(left) = budget.checked_sub(size) else {
@@ -351,7 +404,7 @@ impl UpstreamBody {
                 return Some(false);
             };
             *budget = left;
-            if body.is_end() {
+            if body.is_end_stream() {
                 self.finish();
                 return Some(true);
             }
@@ -381,7 +434,7 @@ impl Drop for UpstreamBody {
             return;
         };
         let mut rest = Salvaged(UpstreamBody {
-            inner: std::mem::replace(&mut self.inner, Inner::Ended),
+            inner: self.inner.take(),
             home: self.home.take(),
         });
         runtime.spawn(async move {
@@ -414,47 +467,36 @@ impl Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        match &mut this.inner {
-            Inner::Ended => Poll::Ready(None),
-            Inner::Http2(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|e| Box::new(e) as BoxError),
-            Inner::Http1(body) => match std::task::ready!(body.poll_data(cx)) {
-                Some(Ok(data)) => {
-                    if body.is_end() {
-                        this.finish();
-                    }
-                    Poll::Ready(Some(Ok(Frame::data(data))))
-                }
-                None => {
+        let Some(body) = &mut this.inner else {
+            return Poll::Ready(None);
+        };
+        match std::task::ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if body.is_end_stream() {
                     this.finish();
-                    Poll::Ready(None)
                 }
-                Some(Err(error)) => {
-                    this.inner = Inner::Ended;
-                    this.home = None;
-                    Poll::Ready(Some(Err(Box::new(error))))
-                }
-            },
+                Poll::Ready(Some(Ok(frame)))
+            }
+            None => {
+                this.finish();
+                Poll::Ready(None)
+            }
+            Some(Err(error)) => {
+                this.inner = None;
+                this.home = None;
+                Poll::Ready(Some(Err(Box::new(error))))
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Inner::Ended => true,
-            Inner::Http1(body) => body.is_end(),
-            Inner::Http2(body) => body.is_end_stream(),
-        }
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Inner::Ended => SizeHint::with_exact(0),
-            Inner::Http1(body) => body
-                .exact_length()
-                .map_or_else(SizeHint::new, SizeHint::with_exact),
-            Inner::Http2(body) => body.size_hint(),
-        }
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 
@@ -754,7 +796,10 @@ mod tests {
         let pool = Pool::new(Duration::from_secs(1));
         let response = pool.request(post(&uri)).await.unwrap();
         let error = response.into_body().collect().await.unwrap_err();
-        assert!(error.to_string().contains("closed before"), "{error}");
+        assert!(
+            error.to_string().contains("error reading a body"),
+            "{error}"
+        );
         let garbage: Vec<&'static [u8]> = vec![b"SSH-2.0-OpenSSH_9\r\n\r\n"];
         let (uri, _) = scripted(vec![garbage], 1).await;
         let failure = pool.request(post(&uri)).await.unwrap_err();
@@ -817,7 +862,7 @@ mod tests {
             let mut answer = framed(&mut rng, &body);
             let intact = rng.random_bool(0.4);
             if !intact {
-                crate::framing::damage(&mut rng, &mut answer);
+                crate::wire_damage::damage(&mut rng, &mut answer);
             }
             let mut cuts: Vec<usize> = (0..rng.random_range(0..4))
                 .map(|_| rng.random_range(0..=answer.len()))
