@@ -675,9 +675,9 @@ fn decorate(
     response
 }
 
-/// Room in a stamp for everything but the attempts: the request id, a backend's name and
-/// region, and four rate-limit numbers with their names.
-const STAMP_BYTES: usize = 320;
+/// Room in a stamp for the values of everything but the attempts: the request id, a backend's
+/// name and region, and four rate-limit numbers.
+const STAMP_BYTES: usize = 160;
 
 #[cfg(test)]
 mod tests {

@@ -1,22 +1,25 @@
 //! The gateway's own headers on an answer (`x-onedoor-request-id`, `-attempts`, `-backend`,
-//! `-region` and the caller's `x-ratelimit-*`), written once as header lines and carried in the
-//! answer's extensions. The HTTP/1.1 connection writes the lines as they are, so these headers
-//! are never hashed into a header map nor dropped from one; an answer that leaves some other
-//! way (h2, by hyper) gets them as header entries first ([`Stamp::into_headers`]).
+//! `-region` and the caller's `x-ratelimit-*`), gathered as the answer is made and carried in
+//! its extensions; the server moves them into the answer's header map ([`Stamp::into_headers`])
+//! in one pass: names as the constants they are, values as slices of one buffer.
 
+use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
+use smallvec::SmallVec;
 
-/// Header lines, each `name: value\r\n`, in the order they were added.
+/// Headers in the order they were added: each name, and where its value lies in `values`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stamp {
-    lines: Vec<u8>,
+    names: SmallVec<[(HeaderName, usize, usize); 8]>,
+    values: Vec<u8>,
 }
 
 impl Stamp {
-    /// A stamp with room for `bytes` of lines.
+    /// A stamp with room for `bytes` of values.
     pub fn with_capacity(bytes: usize) -> Stamp {
         Stamp {
-            lines: Vec::with_capacity(bytes),
+            names: SmallVec::new(),
+            values: Vec::with_capacity(bytes),
         }
     }
 
@@ -28,51 +31,39 @@ impl Stamp {
             fits & (((b >= 32) & (b != 127)) | (b == b'\t'))
         });
         if fits {
-            self.line(name, value);
+            self.field(name, value);
         }
     }
 
     /// Adds `name: value` for a value already checked.
     pub fn add_value(&mut self, name: &HeaderName, value: &HeaderValue) {
-        self.line(name, value.as_bytes());
+        self.field(name, value.as_bytes());
     }
 
     /// Adds `name: number`.
     pub fn add_number(&mut self, name: &HeaderName, number: u64) {
-        self.line(name, itoa::Buffer::new().format(number).as_bytes());
+        self.field(name, itoa::Buffer::new().format(number).as_bytes());
     }
 
-    fn line(&mut self, name: &HeaderName, value: &[u8]) {
-        let name = name.as_str().as_bytes();
-        self.lines.reserve(name.len() + value.len() + 4);
-        self.lines.extend_from_slice(name);
-        self.lines.extend_from_slice(b": ");
-        self.lines.extend_from_slice(value);
-        self.lines.extend_from_slice(b"\r\n");
-    }
-
-    /// The lines, as an HTTP/1.1 head would carry them.
-    #[cfg(test)]
-    fn lines(&self) -> &[u8] {
-        &self.lines
+    fn field(&mut self, name: &HeaderName, value: &[u8]) {
+        let start = self.values.len();
+        self.values.extend_from_slice(value);
+        self.names.push((name.clone(), start, self.values.len()));
     }
 
     /// Each header as its name and value.
-    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.lines
-            .split(|&b| b == b'\n')
-            .filter_map(|line| line.strip_suffix(b"\r"))
-            .filter_map(|line| {
-                let colon = line.iter().position(|&b| b == b':')?;
-                Some((&line[..colon], line.get(colon + 2..).unwrap_or_default()))
-            })
+    #[cfg(test)]
+    pub fn fields(&self) -> impl Iterator<Item = (&HeaderName, &[u8])> {
+        self.names
+            .iter()
+            .map(|(name, start, end)| (name, self.values.get(*start..*end).unwrap_or_default()))
     }
 
     /// The value of the header `name`, if the stamp has it.
     #[cfg(test)]
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.fields()
-            .find(|(field, _)| *field == name.as_bytes())
+            .find(|(field, _)| field.as_str() == name)
             .map(|(_, value)| value)
     }
 
@@ -81,19 +72,19 @@ impl Stamp {
         response.extensions_mut().insert(self);
     }
 
-    /// Moves the stamp `response` carries into its header map, for a writer that reads only
-    /// the map.
+    /// Moves the stamp `response` carries into its header map, in place of any headers of the
+    /// same names.
     pub fn into_headers<B>(response: &mut Response<B>) {
         if let Some(stamp) = response.extensions_mut().remove::<Stamp>() {
             stamp.insert_into(response.headers_mut());
         }
     }
 
-    fn insert_into(&self, headers: &mut HeaderMap) {
-        for (name, value) in self.fields() {
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::from_bytes(name), HeaderValue::from_bytes(value))
-            {
+    fn insert_into(self, headers: &mut HeaderMap) {
+        let values = Bytes::from(self.values);
+        headers.reserve(self.names.len());
+        for (name, start, end) in self.names {
+            if let Ok(value) = HeaderValue::from_maybe_shared(values.slice(start..end)) {
                 headers.insert(name, value);
             }
         }
@@ -116,11 +107,14 @@ mod tests {
         stamp.add(&ID, b"0192abc");
         stamp.add_number(&LEFT, 42);
         stamp.add(&REGION, "sweden central, \u{e9}".as_bytes());
+        let fields: Vec<(&str, &[u8])> = stamp.fields().map(|(n, v)| (n.as_str(), v)).collect();
         assert_eq!(
-            stamp.lines(),
-            "x-onedoor-request-id: 0192abc\r\nx-ratelimit-remaining-requests: 42\r\n\
-             x-onedoor-region: sweden central, \u{e9}\r\n"
-                .as_bytes()
+            fields,
+            [
+                ("x-onedoor-request-id", &b"0192abc"[..]),
+                ("x-ratelimit-remaining-requests", b"42"),
+                ("x-onedoor-region", "sweden central, \u{e9}".as_bytes()),
+            ]
         );
         assert_eq!(
             stamp.get("x-ratelimit-remaining-requests"),
@@ -136,10 +130,8 @@ mod tests {
         stamp.add(&ID, b"split\r\ninjected: yes");
         stamp.add(&REGION, b"del\x7f");
         stamp.add(&LEFT, b"tab\tis fine");
-        assert_eq!(
-            stamp.lines(),
-            b"x-ratelimit-remaining-requests: tab\tis fine\r\n"
-        );
+        let fields: Vec<(&str, &[u8])> = stamp.fields().map(|(n, v)| (n.as_str(), v)).collect();
+        assert_eq!(fields, [("x-ratelimit-remaining-requests", &b"tab\tis fine"[..])]);
     }
 
     #[test]

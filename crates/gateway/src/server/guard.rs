@@ -350,22 +350,27 @@ struct Timer {
 }
 
 impl Timer {
-    /// Whether `deadline` has passed; if not, the task is woken when it does.
+    /// Whether `deadline` has passed; if not, the task is woken when it does. Deadlines move
+    /// later as requests come (the idle one with each answer): a sleep set earlier is left to
+    /// fire and then moved, so a busy connection does not reset its timer at every request.
     fn expired(&mut self, deadline: Instant, cx: &mut Context<'_>) -> bool {
         if Instant::now() >= deadline {
             return true;
         }
         let sleep = match &mut self.sleep {
-            Some(sleep) => {
-                if self.set_for != Some(deadline) {
-                    sleep.as_mut().reset(deadline);
-                }
-                sleep
-            }
-            None => self
-                .sleep
-                .insert(Box::pin(tokio::time::sleep_until(deadline))),
+            Some(sleep) => sleep,
+            None => self.sleep.insert(Box::pin(tokio::time::sleep_until(deadline))),
         };
+        let keeps = self.set_for.is_some_and(|at| at <= deadline && !sleep.is_elapsed());
+        if !keeps {
+            sleep.as_mut().reset(deadline);
+            self.set_for = Some(deadline);
+        }
+        if sleep.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        // An earlier sleep fired before this deadline: wait on for the deadline itself.
+        sleep.as_mut().reset(deadline);
         self.set_for = Some(deadline);
         sleep.as_mut().poll(cx).is_ready()
     }

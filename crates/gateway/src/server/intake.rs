@@ -65,11 +65,7 @@ where
             }
         }
         let (parts, incoming) = request.into_parts();
-        let read = tokio::time::timeout(
-            self.timeouts.body,
-            read_whole(incoming, &parts.headers, &self.limit),
-        );
-        let (body, unread) = match read.await {
+        let (body, unread) = match self.read(incoming, &parts.headers).await {
             Ok(Ok(Read::Whole(bytes))) => (RequestBody::Whole(bytes), None),
             Ok(Ok(Read::TooLarge(unread))) => (RequestBody::TooLarge, Some(unread)),
             Ok(Err(refusal)) => return refused(refusal, busy),
@@ -96,6 +92,22 @@ where
             }
         }
         response.map(|body| Answer { body, _busy: busy })
+    }
+}
+
+impl<H> Front<H> {
+    /// The body within `client_timeouts.body`; one already there whole is taken without a timer.
+    async fn read(
+        &self,
+        incoming: Incoming,
+        headers: &HeaderMap,
+    ) -> Result<Result<Read, Refusal>, tokio::time::error::Elapsed> {
+        let mut read = std::pin::pin!(read_whole(incoming, headers, &self.limit));
+        let at_once = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+        match at_once {
+            Poll::Ready(read) => Ok(read),
+            Poll::Pending => tokio::time::timeout(self.timeouts.body, read).await,
+        }
     }
 }
 
