@@ -131,7 +131,10 @@ mod tests {
         stamp.add(&REGION, b"del\x7f");
         stamp.add(&LEFT, b"tab\tis fine");
         let fields: Vec<(&str, &[u8])> = stamp.fields().map(|(n, v)| (n.as_str(), v)).collect();
-        assert_eq!(fields, [("x-ratelimit-remaining-requests", &b"tab\tis fine"[..])]);
+        assert_eq!(
+            fields,
+            [("x-ratelimit-remaining-requests", &b"tab\tis fine"[..])]
+        );
     }
 
     #[test]

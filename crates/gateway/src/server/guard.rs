@@ -359,9 +359,13 @@ impl Timer {
         }
         let sleep = match &mut self.sleep {
             Some(sleep) => sleep,
-            None => self.sleep.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            None => self
+                .sleep
+                .insert(Box::pin(tokio::time::sleep_until(deadline))),
         };
-        let keeps = self.set_for.is_some_and(|at| at <= deadline && !sleep.is_elapsed());
+        let keeps = self
+            .set_for
+            .is_some_and(|at| at <= deadline && !sleep.is_elapsed());
         if !keeps {
             sleep.as_mut().reset(deadline);
             self.set_for = Some(deadline);
