@@ -115,7 +115,7 @@ pub fn hand_off(runtime: &Runtime, mut ended: Ended, response: Response<Body>) -
         let tokens = ended
             .tokens
             .unwrap_or_else(|| unmeasured(&ended, pending.status()));
-        pending.deliver(recorder, tokens, None, false);
+        pending.deliver(recorder, tokens, None, false, None);
         return response;
     }
     pending.record.stream = true;
@@ -218,9 +218,17 @@ impl Pending {
     }
 
     /// Finishes the record, counts it in the metrics and the access log, and records it.
-    fn deliver(mut self, recorder: &Recorder, tokens: Tokens, ttft: Option<Instant>, cut: bool) {
+    fn deliver(
+        mut self,
+        recorder: &Recorder,
+        tokens: Tokens,
+        ttft: Option<Instant>,
+        cut: bool,
+        why: Option<String>,
+    ) {
         let metrics = self.metrics.clone();
-        let error = self.error.clone();
+        // A cut stream's answer said 200; what cut it is its error.
+        let error = self.error.clone().or(why);
         let span = self.span.take();
         let record = self.finish(tokens, ttft, cut);
         if let Some(metrics) = metrics {
@@ -316,6 +324,9 @@ struct Seen {
     events: u64,
     usage: Option<Tokens>,
     cut: bool,
+    /// Why the stream was cut, as an error code: the one its error event carried, or the
+    /// gateway's own word when it ended without one.
+    why: Option<String>,
 }
 
 impl Seen {
@@ -338,12 +349,18 @@ impl Seen {
         if line.starts_with(b"event: error") {
             self.cut = true;
         }
+        if self.cut && self.why.is_none() {
+            self.why = line
+                .strip_prefix(b"data:")
+                .and_then(|p| error_code(p.trim_ascii()));
+        }
         let Some(rest) = line.strip_prefix(b"data:") else {
             return;
         };
         let payload = rest.trim_ascii();
         if payload.starts_with(b"{\"error\"") {
             self.cut = true;
+            self.why = self.why.take().or_else(|| error_code(payload));
         } else if payload != b"[DONE]" {
             self.events += 1;
             if read_usage && self.usage.is_none() {
@@ -400,8 +417,28 @@ impl Metered {
                 cached: 0,
                 source: Source::Estimated,
             });
-        pending.deliver(&recorder, tokens, self.seen.first_at, self.seen.cut);
+        let why = self.seen.why.take();
+        pending.deliver(&recorder, tokens, self.seen.first_at, self.seen.cut, why);
     }
+}
+
+/// The code an error event's payload carries: OpenAI's `error.code` (else `error.type`),
+/// Anthropic's `error.type`.
+fn error_code(payload: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(borrow)]
+        error: Option<Error<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Error<'a> {
+        #[serde(borrow)]
+        code: Option<std::borrow::Cow<'a, str>>,
+        #[serde(borrow, rename = "type")]
+        kind: Option<std::borrow::Cow<'a, str>>,
+    }
+    let error = serde_json::from_slice::<Event>(payload).ok()?.error?;
+    error.code.or(error.kind).map(|code| code.into_owned())
 }
 
 impl http_body::Body for Metered {
@@ -425,6 +462,9 @@ impl http_body::Body for Metered {
             }
             Poll::Ready(Some(Err(_))) => {
                 this.seen.cut = true;
+                this.seen
+                    .why
+                    .get_or_insert_with(|| "upstream_failed".to_owned());
                 this.finish();
             }
             Poll::Ready(None) => this.finish(),
@@ -449,7 +489,17 @@ impl http_body::Body for Metered {
 impl Drop for Metered {
     fn drop(&mut self) {
         // The relay inside goes first: whatever it reports at its end is in by now.
-        self.inner = None;
+        let unfinished = self
+            .inner
+            .take()
+            .is_some_and(|b| !http_body::Body::is_end_stream(&b));
+        if unfinished && self.pending.is_some() {
+            // Dropped before its end: the caller went away, or its connection was cut.
+            self.seen.cut = true;
+            self.seen
+                .why
+                .get_or_insert_with(|| "client_closed".to_owned());
+        }
         self.finish();
     }
 }
@@ -482,6 +532,25 @@ mod tests {
         let tokens = measured(responses).unwrap();
         assert_eq!((tokens.input, tokens.output, tokens.cached), (5, 3, 2));
         assert_eq!(measured(br#"{"choices":[]}"#), None);
+    }
+
+    #[test]
+    fn a_cut_stream_is_told_by_the_code_its_error_event_carries() {
+        let mut seen = Seen::default();
+        seen.frame(b"data: {\"choices\":[]}\n\n", true);
+        assert_eq!(seen.why, None);
+        seen.frame(
+            b"data: {\"error\":{\"message\":\"the request ran out of time\",\"code\":\"upstream_timeout\"}}\n\n",
+            true,
+        );
+        assert!(seen.cut);
+        assert_eq!(seen.why.as_deref(), Some("upstream_timeout"));
+        let mut anthropic = Seen::default();
+        anthropic.frame(
+            b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"x\"}}\n\n",
+            true,
+        );
+        assert_eq!(anthropic.why.as_deref(), Some("overloaded_error"));
     }
 
     #[test]

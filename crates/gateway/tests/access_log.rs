@@ -41,11 +41,20 @@ async fn every_request_gets_one_json_line_without_prompts_or_keys() {
         )
         .await;
     assert_eq!(refused.status, 401);
+    // A stream the caller leaves after its first event: its line says it was cut, and why.
+    let body = chat_body("chat", true).to_string();
+    let mut left = h.post_on_socket("/v1/chat/completions", &body).await;
+    let mut head = [0u8; 512];
+    let read = tokio::io::AsyncReadExt::read(&mut left, &mut head)
+        .await
+        .unwrap();
+    assert!(read > 0);
+    drop(left);
 
     let mut text = String::new();
     for _ in 0..250 {
         text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text.lines().count() >= 3 {
+        if text.lines().count() >= 4 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -54,7 +63,7 @@ async fn every_request_gets_one_json_line_without_prompts_or_keys() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 4, "{text}");
     assert!(
         !text.contains(KEY) && !text.contains("wrong-key"),
         "a key in the log: {text}"
@@ -90,6 +99,15 @@ async fn every_request_gets_one_json_line_without_prompts_or_keys() {
         streamed["output_tokens"].as_u64().unwrap() > 0,
         "{streamed}"
     );
+
+    let cut = lines
+        .iter()
+        .find(|l| l["stream_cut"] == true)
+        .unwrap_or_else(|| panic!("no cut stream: {text}"));
+    assert_eq!(cut["status"], 200, "{cut}");
+    assert_eq!(cut["error"], "client_closed", "{cut}");
+    assert_eq!(streamed["stream_cut"], false, "{streamed}");
+    assert_eq!(streamed["error"], serde_json::Value::Null, "{streamed}");
 
     let unknown = line(refused.header("x-onedoor-request-id"));
     assert_eq!(unknown["status"], 401);
