@@ -72,6 +72,15 @@ pub enum GatewayError {
         "the shared state store is unreachable and on_store_error is fail_closed; retry shortly"
     )]
     StateUnavailable,
+    /// A request that did not come whole in time (`client_timeouts`).
+    #[error("{0}")]
+    RequestTimeout(String),
+    /// A request framed in a way the gateway does not decode (a transfer coding but chunked).
+    #[error("{0}")]
+    NotImplemented(String),
+    /// The gateway's own limits, such as `max_connections`: not a backend's.
+    #[error("{0}")]
+    Overloaded(String),
 }
 
 impl GatewayError {
@@ -95,8 +104,11 @@ impl GatewayError {
             }
             GatewayError::CircuitOpen { .. }
             | GatewayError::NoBackendAvailable(_)
-            | GatewayError::StateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | GatewayError::StateUnavailable
+            | GatewayError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            GatewayError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -105,7 +117,8 @@ impl GatewayError {
         match self {
             GatewayError::InvalidRequest(_)
             | GatewayError::NotFound(_)
-            | GatewayError::MethodNotAllowed(_) => "invalid_request",
+            | GatewayError::MethodNotAllowed(_)
+            | GatewayError::NotImplemented(_) => "invalid_request",
             GatewayError::MissingKey | GatewayError::UnknownKey => "invalid_api_key",
             GatewayError::ModelNotAllowed(_) => "model_not_allowed",
             GatewayError::ModelNotFound(_) | GatewayError::ServedNowhere(_) => "model_not_found",
@@ -120,6 +133,8 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::QuotaExceeded { .. } => "quota_exceeded",
             GatewayError::StateUnavailable => "state_unavailable",
+            GatewayError::RequestTimeout(_) => "request_timeout",
+            GatewayError::Overloaded(_) => "gateway_overloaded",
         }
     }
 
@@ -130,7 +145,8 @@ impl GatewayError {
             403 => "permission_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
-            400..=499 => "invalid_request_error",
+            // A coding the gateway does not decode is the request's to change.
+            400..=499 | 501 => "invalid_request_error",
             _ => "server_error",
         }
     }
@@ -142,7 +158,9 @@ impl GatewayError {
             | GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
             // Not a retry that cures it soon: when the quota's period renews.
             GatewayError::QuotaExceeded { period_ends_in, .. } => Some(*period_ends_in),
-            GatewayError::StateUnavailable => Some(Duration::from_secs(1)),
+            GatewayError::StateUnavailable | GatewayError::Overloaded(_) => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -4,8 +4,14 @@
 
 use std::time::Duration;
 
+use http::Response;
+use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::body::Body;
+use crate::errors::GatewayError;
+use crate::surface::Dialect;
 
 /// Descriptors kept for everything but client and upstream connections: listeners, the admin
 /// port, the usage store, logs.
@@ -52,20 +58,41 @@ pub fn connection_cap(configured: usize) -> usize {
     configured.min(fits).max(1)
 }
 
-/// The answer of a connection past the cap: 503 `gateway_overloaded`, then the close.
+/// The answer of a connection past the cap: 503 `gateway_overloaded`, written before anything
+/// is read (nothing was: the path, and so the dialect, is not known), then the close.
 pub async fn refuse(mut stream: TcpStream, cap: usize) {
-    let body = format!(
-        r#"{{"error":{{"message":"the gateway holds {cap} connections, its max_connections; try again shortly","type":"server_error","param":null,"code":"gateway_overloaded"}}}}"#
-    );
-    let head = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nx-onedoor-error: gateway_overloaded\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    let answer = [head.as_bytes(), body.as_bytes()].concat();
+    let refusal = GatewayError::Overloaded(format!(
+        "the gateway holds {cap} connections, its max_connections; try again shortly"
+    ));
+    let answer = on_the_wire(refusal.into_response_in(Dialect::OpenAi)).await;
     if stream.write_all(&answer).await.is_err() || stream.shutdown().await.is_err() {
         return;
     }
     let mut sink = [0u8; 1024];
     let drain = async { while let Ok(1..) = stream.read(&mut sink).await {} };
     let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
+/// An answer as HTTP/1.1 bytes that end its connection.
+async fn on_the_wire(response: Response<Body>) -> Vec<u8> {
+    let (parts, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let mut wire = format!("HTTP/1.1 {}\r\n", parts.status).into_bytes();
+    for (name, value) in &parts.headers {
+        wire.extend_from_slice(name.as_str().as_bytes());
+        wire.extend_from_slice(b": ");
+        wire.extend_from_slice(value.as_bytes());
+        wire.extend_from_slice(b"\r\n");
+    }
+    let framing = format!(
+        "connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    wire.extend_from_slice(framing.as_bytes());
+    wire.extend_from_slice(&body);
+    wire
 }

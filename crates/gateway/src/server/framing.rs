@@ -5,42 +5,30 @@
 //! `chunked`, codings from HTTP/1.0 clients, malformed chunks).
 
 use http::header::{HOST, TRANSFER_ENCODING};
-use http::{HeaderMap, Request, StatusCode, Version};
+use http::{HeaderMap, Request, Version};
 
-/// Why a request cannot be read: answered with its status, and the connection closes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: StatusCode,
-    pub why: &'static str,
-}
+use crate::errors::GatewayError;
 
-impl Refusal {
-    pub const fn bad(why: &'static str) -> Refusal {
-        Refusal {
-            status: StatusCode::BAD_REQUEST,
-            why,
-        }
-    }
+fn bad(why: &str) -> Option<GatewayError> {
+    Some(GatewayError::InvalidRequest(why.to_owned()))
 }
 
 /// What is wrong with an HTTP/1.x `request`'s framing, if anything.
-pub fn refusal<B>(request: &Request<B>) -> Option<Refusal> {
+pub fn refusal<B>(request: &Request<B>) -> Option<GatewayError> {
     host(request.headers(), request.version()).or_else(|| codings(request.headers()))
 }
 
-fn host(headers: &HeaderMap, version: Version) -> Option<Refusal> {
+fn host(headers: &HeaderMap, version: Version) -> Option<GatewayError> {
     let mut hosts = headers.get_all(HOST).iter();
     let first = hosts.next();
     if hosts.next().is_some() {
-        return Some(Refusal::bad("the request has more than one Host header"));
+        return bad("the request has more than one Host header");
     }
     match first {
-        None if version == Version::HTTP_11 => {
-            Some(Refusal::bad("an HTTP/1.1 request must have a Host header"))
+        None if version == Version::HTTP_11 => bad("an HTTP/1.1 request must have a Host header"),
+        Some(host) if !is_authority(host.as_bytes()) => {
+            bad("the Host header is not a host with an optional port")
         }
-        Some(host) if !is_authority(host.as_bytes()) => Some(Refusal::bad(
-            "the Host header is not a host with an optional port",
-        )),
         _ => None,
     }
 }
@@ -80,7 +68,7 @@ fn is_host_byte(byte: u8) -> bool {
 }
 
 /// `chunked` once, and no other coding: a body coded otherwise would reach the handler undecoded.
-fn codings(headers: &HeaderMap) -> Option<Refusal> {
+fn codings(headers: &HeaderMap) -> Option<GatewayError> {
     let mut chunked = 0;
     for value in headers.get_all(TRANSFER_ENCODING) {
         for coding in value.as_bytes().split(|&b| b == b',') {
@@ -88,15 +76,14 @@ fn codings(headers: &HeaderMap) -> Option<Refusal> {
             if coding.eq_ignore_ascii_case(b"chunked") {
                 chunked += 1;
             } else if !coding.is_empty() {
-                return Some(Refusal {
-                    status: StatusCode::NOT_IMPLEMENTED,
-                    why: "the gateway decodes no transfer coding but chunked",
-                });
+                return Some(GatewayError::NotImplemented(
+                    "the gateway decodes no transfer coding but chunked".to_owned(),
+                ));
             }
         }
     }
     match chunked > 1 {
-        true => Some(Refusal::bad("the body is chunked more than once")),
+        true => bad("the body is chunked more than once"),
         false => None,
     }
 }
@@ -116,7 +103,7 @@ mod tests {
     }
 
     fn refused(version: Version, headers: &[(&str, &str)]) -> Option<u16> {
-        refusal(&request(version, headers)).map(|r| r.status.as_u16())
+        refusal(&request(version, headers)).map(|r| r.status().as_u16())
     }
 
     #[test]

@@ -43,10 +43,7 @@ pub async fn serve<H, F>(
         async move {
             let mut response = answer.await;
             if stopping.has_changed().unwrap_or(true) {
-                response.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
+                super::intake::close(response.headers_mut());
             }
             Ok::<_, std::convert::Infallible>(response)
         }

@@ -15,11 +15,13 @@ use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
 use onedoor_config::ClientTimeouts;
 
-use super::framing::{self, Refusal};
+use super::framing;
 use super::guard::{Busy, Watch};
-use crate::body::{full, Body, BoxError, RequestBody};
+use crate::body::{Body, BoxError, RequestBody};
+use crate::errors::GatewayError;
 use crate::idle_poll;
 use crate::stamp::Stamp;
+use crate::surface;
 
 /// How large the body of a request with these headers may be, asked only of a body that may be
 /// larger than [`SMALL_BODY`] (a larger length, or chunked): the client port reads such a body
@@ -61,15 +63,15 @@ where
         let busy = watch.as_ref().map(Watch::busy);
         if watch.is_some() {
             if let Some(refusal) = framing::refusal(&request) {
-                return refused(refusal, busy);
+                return refused(refusal, request.uri().path(), busy);
             }
         }
         let (parts, incoming) = request.into_parts();
         let (body, unread) = match self.read(incoming, &parts.headers).await {
             Ok(Ok(Read::Whole(bytes))) => (RequestBody::Whole(bytes), None),
             Ok(Ok(Read::TooLarge(unread))) => (RequestBody::TooLarge, Some(unread)),
-            Ok(Err(refusal)) => return refused(refusal, busy),
-            Err(_) => return refused(BODY_LATE, busy),
+            Ok(Err(refusal)) => return refused(refusal, parts.uri.path(), busy),
+            Err(_) => return refused(body_late(), parts.uri.path(), busy),
         };
         let request = Request::from_parts(parts, body);
         let mut response = crate::boxing::in_place(&self.handler, request).await;
@@ -101,7 +103,7 @@ impl<H> Front<H> {
         &self,
         incoming: Incoming,
         headers: &HeaderMap,
-    ) -> Result<Result<Read, Refusal>, tokio::time::error::Elapsed> {
+    ) -> Result<Result<Read, GatewayError>, tokio::time::error::Elapsed> {
         let mut read = std::pin::pin!(read_whole(incoming, headers, &self.limit));
         let at_once = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
         match at_once {
@@ -111,10 +113,11 @@ impl<H> Front<H> {
     }
 }
 
-const BODY_LATE: Refusal = Refusal {
-    status: StatusCode::REQUEST_TIMEOUT,
-    why: "the request body did not come whole within client_timeouts.body",
-};
+fn body_late() -> GatewayError {
+    GatewayError::RequestTimeout(
+        "the request body did not come whole within client_timeouts.body".to_owned(),
+    )
+}
 
 /// A request's body as read: whole, or over its limit with the rest not read.
 enum Read {
@@ -126,7 +129,7 @@ async fn read_whole(
     mut incoming: Incoming,
     headers: &HeaderMap,
     limit: &BodyLimit,
-) -> Result<Read, Refusal> {
+) -> Result<Read, GatewayError> {
     let declared = incoming.size_hint().exact();
     let limit = match declared {
         Some(length) if length <= SMALL_BODY => SMALL_BODY,
@@ -141,7 +144,7 @@ async fn read_whole(
     let mut more = BytesMut::new();
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut incoming).poll_frame(cx)).await
     {
-        let Ok(data) = frame.map_err(|_| BODY_MALFORMED)?.into_data() else {
+        let Ok(data) = frame.map_err(|_| body_malformed())?.into_data() else {
             continue;
         };
         if (first.len() + more.len() + data.len()) as u64 > limit {
@@ -162,7 +165,9 @@ async fn read_whole(
     }))
 }
 
-const BODY_MALFORMED: Refusal = Refusal::bad("the request body is not framed as its head says");
+fn body_malformed() -> GatewayError {
+    GatewayError::InvalidRequest("the request body is not framed as its head says".to_owned())
+}
 
 /// Reads and drops the rest of a body nobody reads, for a moment.
 async fn drain(mut unread: Incoming) {
@@ -180,28 +185,16 @@ async fn drain(mut unread: Incoming) {
     let _ = tokio::time::timeout(DRAIN, reading).await;
 }
 
-fn close(headers: &mut HeaderMap) {
+/// Asks the connection to close after this answer.
+pub(super) fn close(headers: &mut HeaderMap) {
     headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
 }
 
-/// The answer to a request that cannot be read; the connection closes after it.
-fn refused(refusal: Refusal, busy: Option<Busy>) -> Response<Answer> {
-    let code = match refusal.status {
-        StatusCode::REQUEST_TIMEOUT => "request_timeout",
-        _ => "invalid_request",
-    };
-    let body = serde_json::json!({"error": {
-        "message": refusal.why, "type": "invalid_request_error", "param": null, "code": code,
-    }});
-    let mut response = Response::new(full(body.to_string()));
-    *response.status_mut() = refusal.status;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert("x-onedoor-error", HeaderValue::from_static(code));
-    close(headers);
+/// The answer to a request that cannot be read, in the dialect of its path; the connection
+/// closes after it.
+fn refused(refusal: GatewayError, path: &str, busy: Option<Busy>) -> Response<Answer> {
+    let mut response = refusal.into_response_in(surface::dialect_of(path));
+    close(response.headers_mut());
     response.map(|body| Answer { body, _busy: busy })
 }
 
