@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::affinity::ResponsePin;
 use crate::breaker::{Admission, Observed};
 use crate::provider::{self, Unsendable};
+use crate::redaction;
 use crate::request::{ClientRequest, Operation};
 use crate::router::Candidate;
 use crate::runtime::Runtime;
@@ -111,10 +112,8 @@ impl Dispatch {
         let status = response.status();
         let redaction = runtime.redaction(backend_index);
         let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-        let content_type = match redaction {
-            Some(redaction) => content_type.map(|v| redaction.header(v)),
-            None => content_type,
-        };
+        let content_type =
+            content_type.map(|v| redaction::scrub_header(redaction.map(|r| &**r), v));
         let is_stream = content_type
             .as_ref()
             .and_then(|v| v.to_str().ok())

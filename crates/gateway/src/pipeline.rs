@@ -634,10 +634,9 @@ pub(crate) fn passthrough(
     };
     let mut response = Response::new(full(redaction::scrub(redaction, body)));
     *response.status_mut() = status;
-    let content_type = match (headers.remove(header::CONTENT_TYPE), redaction) {
-        (Some(value), Some(redaction)) => redaction.header(value),
-        (Some(value), None) => value,
-        (None, _) => HeaderValue::from_static("application/json"),
+    let content_type = match headers.remove(header::CONTENT_TYPE) {
+        Some(value) => redaction::scrub_header(redaction, value),
+        None => HeaderValue::from_static("application/json"),
     };
     response
         .headers_mut()

@@ -88,6 +88,14 @@ pub fn scrub(redaction: Option<&Redaction>, bytes: Bytes) -> Bytes {
     }
 }
 
+/// A header value scrubbed by `redaction`, when there is one.
+pub fn scrub_header(redaction: Option<&Redaction>, value: HeaderValue) -> HeaderValue {
+    match redaction {
+        Some(redaction) => redaction.header(value),
+        None => value,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -58,21 +58,25 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     routing: Script::new(concat!(
         include_str!("lua/clock.lua"),
+        include_str!("lua/recent.lua"),
         include_str!("lua/routing.lua")
     )),
     admit: Script::new(concat!(
         include_str!("lua/clock.lua"),
+        include_str!("lua/recent.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/admit.lua")
     )),
     settle: Script::new(include_str!("lua/settle.lua")),
     charge: Script::new(concat!(
         include_str!("lua/clock.lua"),
+        include_str!("lua/recent.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/charge.lua")
     )),
     usage: Script::new(concat!(
         include_str!("lua/clock.lua"),
+        include_str!("lua/recent.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/usage.lua")
     )),

@@ -61,23 +61,6 @@ local function window(w, prune)
   return r, t
 end
 
--- The requests and tokens of the short window: the current second's buckets and the ten before
--- (as meter.rs's `Window::recent`).
-local function recent(w)
-  local fields = {}
-  for s = second - 10, second do
-    fields[#fields + 1] = 'r' .. s
-    fields[#fields + 1] = 't' .. s
-  end
-  local v = redis.call('HMGET', w, unpack(fields))
-  local r, t = 0, 0
-  for i = 1, #v, 2 do
-    r = r + (tonumber(v[i]) or 0)
-    t = t + (tonumber(v[i + 1]) or 0)
-  end
-  return r, t
-end
-
 -- The live buckets of one kind ('r' or 't') as {second, count}, oldest first (for retry-after).
 local function buckets(w, kind)
   local list = {}

@@ -23,14 +23,7 @@ if n > 0 then
     out[#out + 1] = c > now and 1 or 0
   end
 end
-local second = math.floor(now / 1000)
-local oldest = second - 59
--- The short window's fields: the current second's buckets and the ten before (as meter.lua).
-local recent = {}
-for s = second - 10, second do
-  recent[#recent + 1] = 'r' .. s
-  recent[#recent + 1] = 't' .. s
-end
+local oldest = math.floor(now / 1000) - 59
 local backends = (#KEYS - 3) / 3
 for j = 1, backends do
   local flags = ARGV[1 + n + j]
@@ -67,12 +60,7 @@ for j = 1, backends do
     out[#out + 1] = r
     out[#out + 1] = tk
     out[#out + 1] = redis.call('ZCOUNT', KEYS[3 * j + 3], '(' .. now, '+inf')
-    local v = redis.call('HMGET', w, unpack(recent))
-    local r10, t10 = 0, 0
-    for i = 1, #v, 2 do
-      r10 = r10 + (tonumber(v[i]) or 0)
-      t10 = t10 + (tonumber(v[i + 1]) or 0)
-    end
+    local r10, t10 = recent(w)
     out[#out + 1] = r10
     out[#out + 1] = t10
   else
