@@ -106,6 +106,19 @@ fn assert_timed_out(ending: Ending, within: Duration) {
     }
 }
 
+/// Holds that `conn` is cut by a deadline (see [`assert_timed_out`]) `deadline` from now: not
+/// 100 ms or more before it, nor later than [`SLACK`] after it.
+async fn assert_closed_at(conn: &mut Conn, deadline: Duration, what: &str) {
+    let started = Instant::now();
+    let within = deadline + SLACK;
+    assert_timed_out(conn.until_closed(within).await, within);
+    assert!(
+        started.elapsed() >= deadline - Duration::from_millis(100),
+        "closed after {:?}, before the {what}",
+        started.elapsed()
+    );
+}
+
 /// The team's requests under way, from the admin port's metrics.
 async fn in_flight(h: &Harness) -> f64 {
     let scrape = h.admin_get("/metrics", Some(ADMIN_TOKEN)).await;
@@ -137,14 +150,7 @@ async fn drained(h: &Harness, within: Duration) -> Option<Duration> {
 async fn a_connection_that_sends_nothing_is_closed_after_the_head_timeout() {
     let h = gateway(&client_timeouts("1s", "30s", "60s")).await;
     let mut conn = Conn::open(h.gateway.addr()).await;
-    let started = Instant::now();
-    let within = Duration::from_secs(1) + SLACK;
-    assert_timed_out(conn.until_closed(within).await, within);
-    assert!(
-        started.elapsed() >= Duration::from_millis(900),
-        "closed after {:?}, before the head timeout",
-        started.elapsed()
-    );
+    assert_closed_at(&mut conn, Duration::from_secs(1), "head timeout").await;
 }
 
 #[tokio::test]
@@ -153,14 +159,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let mut conn = Conn::open(h.gateway.addr()).await;
     conn.send(chat()).await.unwrap();
     assert_eq!(conn.answer().await.status, 200);
-    let started = Instant::now();
-    let within = Duration::from_secs(1) + SLACK;
-    assert_timed_out(conn.until_closed(within).await, within);
-    assert!(
-        started.elapsed() >= Duration::from_millis(900),
-        "closed after {:?}, before the idle timeout",
-        started.elapsed()
-    );
+    assert_closed_at(&mut conn, Duration::from_secs(1), "idle timeout").await;
 }
 
 #[tokio::test]
