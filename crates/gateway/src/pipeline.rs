@@ -380,6 +380,7 @@ impl<'a> Call<'a> {
         })?;
         exchange.limits = Some(admission.headers);
         let mut plan = plan.map_err(|_| GatewayError::StateUnavailable)?;
+        keep_native_targets(snapshot, &mut plan, &self.request);
         if let Some(previous) = self.request.previous_response_id.as_deref() {
             follow(runtime, &mut plan, previous).await?;
         }
@@ -517,6 +518,26 @@ impl<'a> Call<'a> {
             }
         };
         session.stamp(runtime, exchange.backend, answered).await
+    }
+}
+
+/// A request that only its own dialect can say (an Anthropic body with blocks chat requests
+/// have no form for) goes to the targets that speak that dialect, when the alias has any;
+/// otherwise the first target refuses it, saying what it cannot take.
+fn keep_native_targets(snapshot: &Snapshot, plan: &mut Plan, request: &ClientRequest) {
+    if !request
+        .native
+        .as_ref()
+        .is_some_and(|native| native.untranslatable.is_some())
+    {
+        return;
+    }
+    let speaks = |candidate: &Candidate| {
+        let backend = snapshot.backends.get(candidate.backend);
+        backend.is_some_and(|b| provider::passes_through(b, request))
+    };
+    if plan.candidates.iter().any(speaks) {
+        plan.candidates.retain(speaks);
     }
 }
 

@@ -147,7 +147,7 @@ async fn an_anthropic_request_reaches_an_anthropic_backend_as_it_came_but_for_it
 }
 
 #[tokio::test]
-async fn a_request_only_anthropic_can_take_is_refused_by_an_azure_target_in_anthropics_shape() {
+async fn a_request_only_anthropic_can_take_goes_to_anthropic_targets_and_is_refused_by_others() {
     let h = harness().await;
     let body = json!({"model": "gpt", "max_tokens": 100, "messages": [{"role": "user", "content": [
         {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]});
@@ -159,11 +159,19 @@ async fn a_request_only_anthropic_can_take_is_refused_by_an_azure_target_in_anth
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("`document`"), "{message}");
     assert_eq!(h.endpoint("az").total_requests(), 0);
+    // On an alias with an Anthropic target too, that target takes it, whatever its priority.
+    let mut both = body.clone();
+    both["model"] = json!("gpt-then-claude");
+    let answer = messages(&h, &both).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.attempts(), "claude=200");
+    assert_eq!(h.endpoint("az").total_requests(), 0);
     // A request that is wrong whoever serves it is refused at the door, as before.
     let no_max = json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}]});
+    let asked = h.endpoint("claude").total_requests();
     let answer = messages(&h, &no_max).await;
     assert_eq!(answer.status, 400);
-    assert_eq!(h.endpoint("claude").total_requests(), 0);
+    assert_eq!(h.endpoint("claude").total_requests(), asked);
 }
 
 #[tokio::test]
