@@ -525,11 +525,8 @@ impl<'a> Call<'a> {
 /// have no form for) goes to the targets that speak that dialect, when the alias has any;
 /// otherwise the first target refuses it, saying what it cannot take.
 fn keep_native_targets(snapshot: &Snapshot, plan: &mut Plan, request: &ClientRequest) {
-    if !request
-        .native
-        .as_ref()
-        .is_some_and(|native| native.untranslatable.is_some())
-    {
+    let untranslatable = request.native.as_ref().map(|n| n.untranslatable.is_some());
+    if untranslatable != Some(true) {
         return;
     }
     let speaks = |candidate: &Candidate| {
