@@ -120,7 +120,8 @@ def record_of(demo_dir, request_id, within_s=15.0):
         try:
             with sqlite3.connect(f"file:{demo_dir / 'onedoor-usage.db'}?mode=ro", uri=True) as db:
                 row = db.execute(
-                    "SELECT input_tokens, output_tokens, cached_tokens, source FROM usage_records WHERE request_id = ?",
+                    "SELECT input_tokens, output_tokens, cached_tokens, cache_write_tokens, source"
+                    " FROM usage_records WHERE request_id = ?",
                     (request_id,),
                 ).fetchone()
         except sqlite3.OperationalError:
@@ -152,12 +153,13 @@ def test_prompt_caching_usage_reaches_the_client_and_the_usage_record(claude_sdk
     assert again.cache_read_input_tokens == usage.cache_creation_input_tokens, again
     assert again.cache_creation_input_tokens == 0, again
     assert read.headers.get("x-onedoor-usage") == "measured"
-    # The record counts every input token, the cached ones among them.
-    for raw, seen, cached in [(written, usage, 0), (read, again, again.cache_read_input_tokens)]:
+    # The record counts every input token, those read from the cache and written to it among them.
+    for raw, seen in [(written, usage), (read, again)]:
         row = record_of(demo_dir, raw.headers["x-onedoor-request-id"])
         assert row, "no usage record"
         total_input = seen.input_tokens + seen.cache_read_input_tokens + seen.cache_creation_input_tokens
-        assert row == (total_input, seen.output_tokens, cached, "measured"), (row, seen)
+        expected = (total_input, seen.output_tokens, seen.cache_read_input_tokens, seen.cache_creation_input_tokens)
+        assert row == expected + ("measured",), (row, seen)
 
     with claude_sdk.messages.stream(
         model="claude", max_tokens=128, system=system, messages=[{"role": "user", "content": "Colour of the sky?"}]
