@@ -152,6 +152,12 @@ fn named(name: &str, data: &Value) -> Bytes {
 
 impl EventTranslator for PassedEvents {
     fn translate(&mut self, event: Bytes, out: &mut Vec<(EventKind, Bytes)>) {
+        // The event goes out as it came: the caller must get text (the parser does not check
+        // the strings it skips).
+        if std::str::from_utf8(&event).is_err() {
+            out.push((EventKind::Malformed, Bytes::new()));
+            return;
+        }
         let data = event_data(&event);
         let data = data.trim_ascii();
         if data.is_empty() {
@@ -260,6 +266,16 @@ mod tests {
         assert_eq!(usage.cache_write_tokens, 100);
         assert_eq!(usage.completion_tokens, 9);
         assert_eq!(usage.source, UsageSource::Measured);
+    }
+
+    #[test]
+    fn an_event_that_is_not_text_is_never_passed_on() {
+        let mut events = PassedEvents::new(0);
+        let mut out = Vec::new();
+        let event = b"event: ping\ndata: {\"type\":\"ping\",\"x\":\"\xff\"}\n\n";
+        events.translate(Bytes::from_static(event), &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, EventKind::Malformed);
     }
 
     #[test]
