@@ -419,3 +419,45 @@ async fn unknown_fields_survive_openai_and_azure_both_ways() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_record_counts_prompt_cache_reads_and_writes_whole_and_streamed() {
+    let dir = std::env::temp_dir().join(format!("onedoor-passthrough-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("usage.db");
+    let config = format!(
+        "usage: {{ store: \"sqlite://{}\" }}\n{CONFIG}",
+        db.display()
+    );
+    let h = Harness::start(fleet(), &config).await;
+    let long = "Answer in one word, always, whatever is asked. ".repeat(30);
+    let ask = |stream: bool| {
+        json!({"model": "claude", "max_tokens": 100, "stream": stream,
+            "system": [{"type": "text", "text": long, "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "Colour of the sky?"}]})
+    };
+    let written = messages(&h, &ask(false)).await;
+    let usage = written.json()["usage"].clone();
+    let read = messages(&h, &ask(true)).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    let ids = [&written, &read].map(|a| a.header("x-onedoor-request-id").to_owned());
+    let Harness { gateway, fleet, .. } = h;
+    gateway.shutdown().await;
+    fleet.shutdown().await;
+    let db = rusqlite::Connection::open(&db).unwrap();
+    let row = |id: &str| -> (i64, i64, i64, String) {
+        db.query_row(
+            "SELECT input_tokens, cached_tokens, cache_write_tokens, source FROM usage_records WHERE request_id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .unwrap()
+    };
+    let n = |key: &str| usage[key].as_i64().unwrap();
+    let prefix = n("cache_creation_input_tokens");
+    assert!(prefix > 0, "{usage}");
+    let total = n("input_tokens") + prefix;
+    assert_eq!(row(&ids[0]), (total, 0, prefix, "measured".to_owned()));
+    assert_eq!(row(&ids[1]), (total, prefix, 0, "measured".to_owned()));
+}
