@@ -461,3 +461,24 @@ async fn the_usage_record_counts_prompt_cache_reads_and_writes_whole_and_streame
     assert_eq!(row(&ids[0]), (total, 0, prefix, "measured".to_owned()));
     assert_eq!(row(&ids[1]), (total, prefix, 0, "measured".to_owned()));
 }
+
+#[tokio::test]
+async fn a_passed_through_stream_cut_midway_ends_with_anthropics_error_event() {
+    let h = harness().await;
+    h.endpoint("claude").set_behavior(Behavior {
+        cut_after: Some(3),
+        reply_words: Some(20),
+        ..Behavior::default()
+    });
+    let ask = json!({"model": "claude", "max_tokens": 100, "stream": true,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let answer = messages(&h, &ask).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let events = events(&answer.body);
+    let (name, last) = events.last().unwrap();
+    assert_eq!(name, "error", "{}", answer.body);
+    assert_eq!(last["type"], "error");
+    assert_eq!(last["error"]["type"], "api_error");
+    assert!(events.iter().all(|(n, _)| n != "message_stop"));
+    assert_eq!(answer.header("x-onedoor-backend"), "claude");
+}
