@@ -2,7 +2,7 @@
 //! `anthropic-version`. The client's OpenAI request is translated on the way out; answers,
 //! error bodies and streams are translated back into the OpenAI shape the rest of the gateway
 //! (and the caller's dialect) works from. An Anthropic client's request and answers pass
-//! through instead ([`passthrough`]).
+//! through instead (`passthrough.rs`).
 
 mod answer;
 mod events;
