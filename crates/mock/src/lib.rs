@@ -3,7 +3,8 @@
 //! side is not silently mirrored on the other.
 //!
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
-//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`). Azure and OpenAI
+//! (`GET stats`, `GET last_request`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST
+//! reset`). Azure and OpenAI
 //! endpoints also accept realtime WebSocket sessions at their dialect's realtime URLs.
 
 mod anthropic;
@@ -26,6 +27,7 @@ mod server;
 mod spec;
 mod state;
 mod stream;
+mod thinking;
 mod yaml;
 
 pub use behavior::Behavior;

@@ -167,6 +167,7 @@ async fn accept(
             input: 0,
             output: 0,
             cached: 0,
+            cache_write: 0,
             source: Source::Estimated,
         },
         estimated_tokens: 0,
