@@ -4,11 +4,14 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use crate::model::JwtIssuer;
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
 use crate::tree::{Node, Value};
+
+const DEFAULT_REFETCH_INTERVAL: Duration = Duration::from_secs(60);
 
 /// The issuers of `client_auth.jwt`, in file order.
 pub(crate) fn jwt_issuers(node: Option<&Node>, p: &mut Problems) -> Vec<JwtIssuer> {
@@ -19,7 +22,11 @@ pub(crate) fn jwt_issuers(node: Option<&Node>, p: &mut Problems) -> Vec<JwtIssue
     let mut seen: HashMap<String, Mark> = HashMap::new();
     let mut issuers = Vec::with_capacity(items.len());
     for item in items {
-        let f = Fields::new(item, &["issuer", "audience", "jwks_url"], p);
+        let f = Fields::new(
+            item,
+            &["issuer", "audience", "jwks_url", "refetch_interval"],
+            p,
+        );
         let issuer = f.required("issuer", p).and_then(|n| {
             let url = url(n, "issuer", p)?;
             match seen.get(&url) {
@@ -41,11 +48,16 @@ pub(crate) fn jwt_issuers(node: Option<&Node>, p: &mut Problems) -> Vec<JwtIssue
             .map(|n| audiences(n, p))
             .unwrap_or_default();
         let jwks_url = f.get("jwks_url").and_then(|n| url(n, "jwks_url", p));
+        let refetch_interval = f
+            .get("refetch_interval")
+            .and_then(|n| read::positive_duration(n, p))
+            .unwrap_or(DEFAULT_REFETCH_INTERVAL);
         if let Some(issuer) = issuer {
             issuers.push(JwtIssuer {
                 issuer,
                 audiences,
                 jwks_url,
+                refetch_interval,
             });
         }
     }
@@ -135,6 +147,7 @@ mod tests {
     - issuer: http://127.0.0.1:8443/
       audience: [a, b]
       jwks_url: \"http://[::1]:9/keys\"
+      refetch_interval: 250ms
 ",
         );
         let jwt = &s.client_auth.jwt;
@@ -143,6 +156,11 @@ mod tests {
         assert_eq!(jwt[0].jwks_url, None);
         assert_eq!(jwt[1].audiences, ["a", "b"]);
         assert_eq!(jwt[1].jwks_url.as_deref(), Some("http://[::1]:9/keys"));
+        assert_eq!(jwt[0].refetch_interval, std::time::Duration::from_secs(60));
+        assert_eq!(
+            jwt[1].refetch_interval,
+            std::time::Duration::from_millis(250)
+        );
         assert!(compile("").client_auth.jwt.is_empty());
     }
 

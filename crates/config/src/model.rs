@@ -388,6 +388,9 @@ pub struct JwtIssuer {
     /// Where the signing keys are; `None`: the `jwks_uri` of the issuer's
     /// `/.well-known/openid-configuration`.
     pub jwks_url: Option<String>,
+    /// A token with a `kid` the cached keys lack refetches them at most this often (so forged
+    /// `kid`s cannot make the gateway hammer the issuer). Default 1m.
+    pub refetch_interval: Duration,
 }
 
 /// A tenant's JWT caller (`tenants[].principals[]`): a token whose `claim` is (or, for a list

@@ -5,6 +5,8 @@
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
 //! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`). Azure and OpenAI
 //! endpoints also accept realtime WebSocket sessions at their dialect's realtime URLs.
+//!
+//! An [`Issuer`] simulates an OIDC identity provider whose tokens callers present to the gateway.
 
 mod anthropic;
 mod azure;
@@ -15,6 +17,7 @@ mod dispatch;
 mod embeddings;
 mod fleet;
 mod ident;
+mod oidc;
 mod openai;
 mod quota;
 mod realtime;
@@ -30,6 +33,7 @@ mod yaml;
 
 pub use behavior::Behavior;
 pub use fleet::{refusing_port, Endpoint, Fleet};
+pub use oidc::{Issuer, Mint, DEFAULT_AUDIENCE};
 pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};
 pub use yaml::{run_from_yaml, specs_from_yaml};
