@@ -375,8 +375,11 @@ pub struct ClientAuth {
     pub jwt: Vec<JwtIssuer>,
     /// For each claim some principal names (in the order first named): the claim's value ->
     /// the principals it picks, as (tenant, index into that tenant's `principals`), in file order.
-    pub principals: Vec<(Arc<str>, Lookup<String, Vec<(TenantId, usize)>>)>,
+    pub principals: Vec<(Arc<str>, ClaimValues)>,
 }
+
+/// One claim's values -> the principals each picks, as (tenant, index into its `principals`).
+pub type ClaimValues = Lookup<String, Vec<(TenantId, usize)>>;
 
 /// One trusted OIDC issuer (`client_auth.jwt[]`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::limits;
-use crate::model::{JwtIssuer, Key, Lookup, Principal, Tenant, TenantId};
+use crate::model::{ClaimValues, JwtIssuer, Key, Lookup, Principal, Tenant, TenantId};
 use crate::models::{Models, WILDCARD};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
@@ -25,7 +25,7 @@ pub(crate) struct Tenants {
     pub list: Vec<Tenant>,
     pub keys_by_hash: Lookup<[u8; 32], (TenantId, usize)>,
     /// `ClientAuth::principals`: per claim, its value -> (tenant, principal index).
-    pub principals: Vec<(Arc<str>, Lookup<String, Vec<(TenantId, usize)>>)>,
+    pub principals: Vec<(Arc<str>, ClaimValues)>,
 }
 
 #[derive(Default)]
@@ -230,7 +230,7 @@ fn issuer(node: &Node, issuers: &[JwtIssuer], p: &mut Problems) -> Option<usize>
 }
 
 fn index_principal(
-    index: &mut Vec<(Arc<str>, Lookup<String, Vec<(TenantId, usize)>>)>,
+    index: &mut Vec<(Arc<str>, ClaimValues)>,
     principal: &Principal,
     at: (TenantId, usize),
 ) {

@@ -64,10 +64,13 @@ struct IssuerKeys {
     fetches: AtomicU64,
 }
 
+/// Where an issuer's keys come from: its identifier and its `jwks_url`, if given.
+type Source = (String, Option<String>);
+
 /// Every issuer's keys, shared by every runtime of the gateway (a reload keeps them).
 #[derive(Default)]
 pub struct KeySets {
-    by_source: Mutex<HashMap<(String, Option<String>), Arc<IssuerKeys>>>,
+    by_source: Mutex<HashMap<Source, Arc<IssuerKeys>>>,
     client: OnceLock<Client<HttpsConnector<HttpConnector>, Empty<Bytes>>>,
 }
 
