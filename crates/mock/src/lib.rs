@@ -36,4 +36,4 @@ pub use fleet::{refusing_port, Endpoint, Fleet};
 pub use oidc::{Issuer, Mint, DEFAULT_AUDIENCE};
 pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};
-pub use yaml::{run_from_yaml, specs_from_yaml};
+pub use yaml::{issuers_from_yaml, run_from_yaml, specs_from_yaml};

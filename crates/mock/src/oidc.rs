@@ -336,3 +336,86 @@ async fn answer(
         .unwrap_or_default();
     Ok(shared.answer(&parts.method, parts.uri.path(), &body))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn parts(token: &str) -> (Value, Value, Vec<u8>, String) {
+        let pieces: Vec<&str> = token.split('.').collect();
+        let json = |s: &str| serde_json::from_slice(&URL_SAFE_NO_PAD.decode(s).unwrap()).unwrap();
+        let signature = URL_SAFE_NO_PAD.decode(pieces[2]).unwrap();
+        (
+            json(pieces[0]),
+            json(pieces[1]),
+            signature,
+            format!("{}.{}", pieces[0], pieces[1]),
+        )
+    }
+
+    #[tokio::test]
+    async fn minted_tokens_verify_with_the_published_keys_until_a_rotation() {
+        let issuer = Issuer::start(None).await.unwrap();
+        let jwks = issuer.shared.keys().jwks();
+        let ask = Mint {
+            lifetime: Some(-5),
+            ..Mint::default()
+        };
+        let (header, claims, signature, message) = parts(&issuer.mint(&ask).unwrap());
+        assert_eq!(
+            (header["alg"].as_str(), header["kid"].as_str()),
+            (Some("RS256"), Some("rsa-1"))
+        );
+        assert_eq!(claims["iss"], json!(issuer.url()));
+        assert_eq!(claims["aud"], DEFAULT_AUDIENCE);
+        assert!(claims["exp"].as_i64() < claims["nbf"].as_i64());
+        let rsa = &jwks["keys"][0];
+        let bytes = |v: &Value| URL_SAFE_NO_PAD.decode(v.as_str().unwrap()).unwrap();
+        let public = signature::RsaPublicKeyComponents {
+            n: bytes(&rsa["n"]),
+            e: bytes(&rsa["e"]),
+        };
+        public
+            .verify(
+                &signature::RSA_PKCS1_2048_8192_SHA256,
+                message.as_bytes(),
+                &signature,
+            )
+            .unwrap();
+
+        let ec = Mint {
+            key: Some("ec".into()),
+            kid: Some("forged".into()),
+            claims: serde_json::from_value(json!({"azp": "app", "sub": null})).unwrap(),
+            ..Mint::default()
+        };
+        let (header, claims, signature, message) = parts(&issuer.mint(&ec).unwrap());
+        assert_eq!(
+            (header["alg"].as_str(), header["kid"].as_str()),
+            (Some("ES256"), Some("forged"))
+        );
+        assert_eq!(claims["azp"], "app");
+        assert!(claims.get("sub").is_none());
+        let point = [
+            vec![4u8],
+            bytes(&jwks["keys"][1]["x"]),
+            bytes(&jwks["keys"][1]["y"]),
+        ]
+        .concat();
+        signature::UnparsedPublicKey::new(&signature::ECDSA_P256_SHA256_FIXED, &point)
+            .verify(message.as_bytes(), &signature)
+            .unwrap();
+
+        assert_eq!(issuer.rotate().unwrap(), ["rsa-2", "ec-2"]);
+        let rotated = issuer.shared.keys().jwks();
+        assert_ne!(rotated["keys"][0]["n"], rsa["n"]);
+        assert_ne!(rotated["keys"][1]["x"], jwks["keys"][1]["x"]);
+        assert!(issuer
+            .mint(&Mint {
+                key: Some("dsa".into()),
+                ..Mint::default()
+            })
+            .is_err());
+    }
+}
