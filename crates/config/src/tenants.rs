@@ -472,6 +472,17 @@ tenants:
         assert_eq!(legal.principals[0].key.trace_until, Some(1_796_119_200));
         let ids: Vec<&str> = legal.callers().map(|k| &*k.id).collect();
         assert_eq!(ids, ["legal-app", "legal-ops"]);
+        let summary = crate::summary(&s);
+        assert!(
+            summary.contains("legal (0 keys, 2 principals)"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains(
+                "JWTs accepted from https://login.microsoftonline.com/t1/v2.0, http://127.0.0.1:9/"
+            ),
+            "{summary}"
+        );
     }
 
     #[test]

@@ -49,7 +49,8 @@ pub async fn identify<'a>(
 ) -> Result<Caller<'a>, GatewayError> {
     let credential = presented_key(headers).ok_or(GatewayError::MissingKey)?;
     if jwt::applies(&runtime.snapshot, credential) {
-        return jwt::caller(runtime, credential).await;
+        // Boxed: its key fetch would otherwise grow every request's future.
+        return Box::pin(jwt::caller(runtime, credential)).await;
     }
     caller_of(&runtime.snapshot, credential)
 }
