@@ -48,6 +48,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         groups: &regions,
         backend_regions: backends.list.iter().map(|b| &*b.region).collect(),
         issuers: &issuers,
+        client_auth_written: f.get("client_auth").is_some(),
     };
     let tenants = tenants::tenants(f.get("tenants"), &known, p);
     Snapshot {

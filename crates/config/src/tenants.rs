@@ -19,6 +19,8 @@ pub(crate) struct Known<'a> {
     pub backend_regions: BTreeSet<&'a str>,
     /// The issuers of `client_auth.jwt`, which principals may name.
     pub issuers: &'a [JwtIssuer],
+    /// Whether the file has a `client_auth` section (its issuers may all be wrong, and said so).
+    pub client_auth_written: bool,
 }
 
 pub(crate) struct Tenants {
@@ -73,7 +75,7 @@ pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> T
         for (index, digest) in digests.into_iter().enumerate() {
             tenants.keys_by_hash.entry(digest).or_insert((id, index));
         }
-        let principals = principals(f.get("principals"), known.issuers, &mut seen, p);
+        let principals = principals(f.get("principals"), known, &mut seen, p);
         for (index, principal) in principals.iter().enumerate() {
             index_principal(&mut tenants.principals, principal, (id, index));
         }
@@ -145,17 +147,18 @@ fn caller(f: &Fields, id: &str, p: &mut Problems) -> Key {
 
 fn principals(
     node: Option<&Node>,
-    issuers: &[JwtIssuer],
+    known: &Known,
     seen: &mut Seen,
     p: &mut Problems,
 ) -> Vec<Principal> {
+    let issuers = known.issuers;
     let Some(node) = node else {
         return Vec::new();
     };
     let Some(items) = read::list(node, p) else {
         return Vec::new();
     };
-    if issuers.is_empty() && !items.is_empty() {
+    if !known.client_auth_written && !items.is_empty() {
         p.at(
             node.mark,
             "principals need client_auth.jwt: no issuer is configured whose tokens they could carry",
