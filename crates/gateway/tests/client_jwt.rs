@@ -2,7 +2,8 @@
 //! simulated OIDC issuer is served as its tenant's principal, held to the tenant's limits,
 //! aliases and regions and recorded under the principal's id; each bad token is refused 401
 //! `invalid_token` saying which check failed; a key rotation is picked up without a restart; a
-//! storm of forged kids refetches the issuer's keys at most once per interval.
+//! storm of forged kids refetches the issuer's keys at most once per interval; an issuer that
+//! cannot be reached is said so, and its tokens are served once it answers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 // The harness re-exports more than these tests use.
@@ -58,10 +59,11 @@ tenants:
 }
 
 async fn start(issuer: &Issuer, extra: &str, usage: &str) -> Harness {
-    let line = format!(
-        "{{ issuer: \"{}\", audience: api://onedoor{extra} }}",
-        issuer.url()
-    );
+    start_at(&issuer.url(), extra, usage).await
+}
+
+async fn start_at(issuer: &str, extra: &str, usage: &str) -> Harness {
+    let line = format!("{{ issuer: \"{issuer}\", audience: api://onedoor{extra} }}");
     Harness::start(
         vec![azure("se", "swedencentral"), azure("us", "eastus")],
         &config(&line, usage),
@@ -326,4 +328,38 @@ async fn a_storm_of_forged_kids_refetches_the_keys_at_most_once_per_interval() {
         );
     }
     assert_eq!(chat_as(&h, &good).await.status, 200);
+}
+
+#[tokio::test]
+async fn an_issuer_that_cannot_be_reached_refuses_its_tokens_until_it_answers() {
+    let first = Issuer::start(None).await.unwrap();
+    let (addr, url) = (first.addr(), first.url());
+    let token = minted(&first, json!({"claims": {"azp": "app-1"}}));
+    first.shutdown();
+    let h = start_at(&url, ", refetch_interval: 1ms", "").await;
+    let refused = chat_as(&h, &token).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert_eq!(refused.code(), "invalid_token");
+    assert!(
+        refused
+            .body
+            .contains("the issuer's signing keys could not be fetched"),
+        "{}",
+        refused.body
+    );
+
+    // Its port frees once the aborted listener is dropped.
+    let rebind = async {
+        loop {
+            match Issuer::start(Some(addr)).await {
+                Ok(issuer) => break issuer,
+                Err(_) => tokio::task::yield_now().await,
+            }
+        }
+    };
+    let back = tokio::time::timeout(Duration::from_secs(10), rebind)
+        .await
+        .expect("the issuer's port frees");
+    let served = chat_as(&h, &minted(&back, json!({"claims": {"azp": "app-1"}}))).await;
+    assert_eq!(served.status, 200, "{}", served.body);
 }
