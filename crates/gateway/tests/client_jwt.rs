@@ -214,7 +214,7 @@ async fn each_bad_token_is_refused_401_invalid_token_saying_which_check_failed()
         (
             "bad signature",
             format!("{header}.{payload}.{other_signature}"),
-            "bad signature",
+            "bad signature: it does not verify with the issuer's key \"rsa-1\"",
         ),
         (
             "alg none",

@@ -49,11 +49,12 @@ pub enum Refusal {
     WrongIssuer(String),
     #[error("unknown kid {0:?}: none of the issuer's signing keys has it")]
     UnknownKid(String),
-    #[error("no kid, and none of the issuer's keys verifies it")]
+    #[error("none of the issuer's keys fits its alg and kid")]
     NoKeyFits,
     #[error("the issuer's signing keys could not be fetched ({0}); retry shortly")]
     KeysUnavailable(String),
-    #[error("bad signature: it does not verify with the issuer's key {0:?}")]
+    /// Which key: `key "KID"`, or `keys` for a token without a kid.
+    #[error("bad signature: it does not verify with the issuer's {0}")]
     BadSignature(String),
     #[error("expired: its exp is past (allowing {}s of clock skew)", LEEWAY.as_secs())]
     Expired,
@@ -189,9 +190,6 @@ fn verify(
             break;
         }
     }
-    if seen.kid.is_none() && matches!(last, Refusal::BadSignature(_)) {
-        return Err(Refusal::NoKeyFits);
-    }
     Err(last)
 }
 
@@ -212,7 +210,10 @@ fn refusal(
     seen: &Unverified,
 ) -> Refusal {
     match kind {
-        ErrorKind::InvalidSignature => Refusal::BadSignature(key.kid.clone().unwrap_or_default()),
+        ErrorKind::InvalidSignature => Refusal::BadSignature(match (&seen.kid, &key.kid) {
+            (Some(_), Some(kid)) => format!("key {:?}", shortened(kid)),
+            _ => "keys".to_owned(),
+        }),
         ErrorKind::ExpiredSignature => Refusal::Expired,
         ErrorKind::ImmatureSignature => Refusal::NotYetValid,
         ErrorKind::InvalidAudience => Refusal::WrongAudience(issuer.audiences.join(", ")),
