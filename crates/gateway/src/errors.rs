@@ -196,6 +196,13 @@ impl GatewayError {
         if let Some(wait) = self.retry_after() {
             insert_retry_after(headers, wait);
         }
+        if let GatewayError::InvalidToken(_) = self {
+            // RFC 6750: what a bearer-token client reads to know its token, not its request, failed.
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
+        }
         response
     }
 

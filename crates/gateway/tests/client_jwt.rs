@@ -253,6 +253,11 @@ async fn each_bad_token_is_refused_401_invalid_token_saying_which_check_failed()
         assert_eq!(answer.status, 401, "{what}: {}", answer.body);
         assert_eq!(answer.code(), "invalid_token", "{what}");
         assert_eq!(answer.header("x-onedoor-error"), "invalid_token", "{what}");
+        assert_eq!(
+            answer.header("www-authenticate"),
+            "Bearer error=\"invalid_token\"",
+            "{what}"
+        );
         let message = answer.json()["error"]["message"]
             .as_str()
             .unwrap()
