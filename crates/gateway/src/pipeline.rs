@@ -205,7 +205,7 @@ async fn serve(
         // The rare routes' futures are boxed, so every request's future stays small.
         Route::Readyz => Ok(Box::pin(crate::readiness::answer(runtime)).await),
         Route::Models => {
-            let caller = auth::authenticate(snapshot, request.headers())?;
+            let caller = auth::identify(runtime, request.headers()).await?;
             Ok(models(snapshot, caller.tenant))
         }
         Route::Realtime(path) => {
@@ -226,7 +226,7 @@ async fn serve(
             dialect,
             alias,
         } => {
-            let caller = auth::authenticate(snapshot, request.headers())?;
+            let caller = auth::identify(runtime, request.headers()).await?;
             exchange.tenant = Some(caller.tenant.name.clone());
             exchange.key_id = Some(caller.key.id.clone());
             exchange.entered = Some(runtime.metrics.enter(&caller.tenant.name));
