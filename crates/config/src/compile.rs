@@ -9,8 +9,8 @@ use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
 use crate::{
-    backends, breakers, connections, models, realtime, regions, routing, service, telemetry,
-    tenants,
+    backends, breakers, connections, identities, models, realtime, regions, routing, service,
+    telemetry, tenants,
 };
 
 const SECTIONS: &[&str] = &[
@@ -24,6 +24,7 @@ const SECTIONS: &[&str] = &[
     "routing",
     "realtime",
     "regions",
+    "identities",
     "backends",
     "circuit_breakers",
     "models",
@@ -33,13 +34,25 @@ const SECTIONS: &[&str] = &[
 
 /// Compile the whole tree. Problems go to `p`; when there are any the snapshot is incomplete and
 /// must be thrown away.
-pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot {
+pub(crate) fn snapshot(
+    root: &Node,
+    source: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    p: &mut Problems,
+) -> Snapshot {
     let f = Fields::new(root, SECTIONS, p);
     let listen = service::listen(f.get("listen"), p);
     let routing = routing::routing(f.get("routing"), p);
     let regions = regions::regions(f.get("regions"), p);
     let circuit_breakers = breakers::breakers(f.get("circuit_breakers"), p);
-    let backends = backends::backends(f.get("backends"), &circuit_breakers, routing.timeouts, p);
+    let identities = identities::identities(f.get("identities"), env, p);
+    let backends = backends::backends(
+        f.get("backends"),
+        &identities,
+        &circuit_breakers,
+        routing.timeouts,
+        p,
+    );
     let models = models::models(f.get("models"), &backends, p);
     let known = Known {
         models: &models,
@@ -62,6 +75,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         backends: backends.list,
         backend_by_name: backends.by_name,
         circuit_breakers,
+        identities: identities.list,
         aliases: models.aliases,
         alias_by_name: models.by_name,
         wildcard: models.wildcard,
