@@ -31,8 +31,14 @@ const KEYS: &[&str] = &[
 /// Which keys each kind reads besides `kind` and `client_id`.
 const KIND_KEYS: &[(&str, &[&str])] = &[
     ("managed_identity", &["endpoint"]),
-    ("workload_identity", &["tenant_id", "authority", "token_file"]),
-    ("client_secret", &["tenant_id", "authority", "client_secret"]),
+    (
+        "workload_identity",
+        &["tenant_id", "authority", "token_file"],
+    ),
+    (
+        "client_secret",
+        &["tenant_id", "authority", "client_secret"],
+    ),
 ];
 
 pub(crate) struct Identities {
@@ -100,9 +106,18 @@ fn source(
         .required("kind", p)
         .and_then(|n| read::choice(n, &kinds, p))?;
     let (_, own) = KIND_KEYS.iter().find(|(k, _)| *k == kind)?;
-    for key in ["tenant_id", "authority", "token_file", "endpoint", "client_secret"] {
+    for key in [
+        "tenant_id",
+        "authority",
+        "token_file",
+        "endpoint",
+        "client_secret",
+    ] {
         if f.has(key) && !own.contains(&key) {
-            p.at(f.key_mark(key), format!("{key} does not apply to kind {kind}"));
+            p.at(
+                f.key_mark(key),
+                format!("{key} does not apply to kind {kind}"),
+            );
         }
     }
     let text = |key: &str, p: &mut Problems| {
@@ -283,7 +298,10 @@ mod tests {
             TokenSource::ManagedIdentity {
                 endpoint: ManagedEndpoint::AppService { url, header },
                 ..
-            } => assert_eq!((url.as_str(), header.expose()), ("http://127.0.0.1:41/msi/token", "h")),
+            } => assert_eq!(
+                (url.as_str(), header.expose()),
+                ("http://127.0.0.1:41/msi/token", "h")
+            ),
             other => panic!("{other:?}"),
         }
     }

@@ -176,7 +176,7 @@ pub fn build(
     known: Option<Uri>,
 ) -> Result<WireRequest, Unsendable> {
     let body = match backend.provider {
-        Provider::Azure => azure::body(deployment, operation, request),
+        Provider::Azure => azure::body(backend, deployment, operation, request),
         Provider::OpenAi => openai_body(request, Some(deployment), operation),
         Provider::Anthropic => anthropic::body(deployment, request)?,
     };
