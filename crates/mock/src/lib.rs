@@ -15,6 +15,7 @@ mod dispatch;
 mod embeddings;
 mod fleet;
 mod ident;
+mod identity;
 mod openai;
 mod quota;
 mod realtime;
@@ -30,6 +31,7 @@ mod yaml;
 
 pub use behavior::Behavior;
 pub use fleet::{refusing_port, Endpoint, Fleet};
+pub use identity::{IdentityBehavior, IdentityServer, IdentitySpec, TokenProblem};
 pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};
 pub use yaml::{run_from_yaml, specs_from_yaml};

@@ -9,12 +9,23 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::{Behavior, DeploymentSpec, Dialect, EndpointSpec, Fleet};
+use crate::{Behavior, DeploymentSpec, Dialect, EndpointSpec, Fleet, IdentityServer, IdentitySpec};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FleetFile {
     endpoints: Vec<EndpointEntry>,
+    identity: Option<IdentityEntry>,
+}
+
+/// The simulated Entra ID endpoint, when the fleet has one.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdentityEntry {
+    listen: Option<SocketAddr>,
+    lifetime_s: Option<u64>,
+    client_secret: Option<String>,
+    identity_header: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -26,6 +37,7 @@ struct EndpointEntry {
     region: String,
     listen: Option<SocketAddr>,
     api_key: Option<String>,
+    entra_audience: Option<String>,
     #[serde(default)]
     deployments: Vec<DeploymentEntry>,
     #[serde(default)]
@@ -50,21 +62,42 @@ fn default_region() -> String {
 
 /// Parses a mock fleet description into endpoint specs.
 pub fn specs_from_yaml(text: &str) -> Result<Vec<EndpointSpec>, String> {
-    let docs = YamlLoader::load_from_str(text).map_err(|e| format!("mock fleet YAML: {e}"))?;
-    let doc = docs.first().ok_or("mock fleet YAML: empty document")?;
-    let file: FleetFile =
-        serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))?;
-    Ok(file
+    Ok(read(text)?
         .endpoints
         .into_iter()
         .map(EndpointEntry::into_spec)
         .collect())
 }
 
-/// Parses a fleet description and starts it.
+fn read(text: &str) -> Result<FleetFile, String> {
+    let docs = YamlLoader::load_from_str(text).map_err(|e| format!("mock fleet YAML: {e}"))?;
+    let doc = docs.first().ok_or("mock fleet YAML: empty document")?;
+    serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))
+}
+
+/// Parses a fleet description and starts it (with its identity endpoint, if it has one).
 pub async fn run_from_yaml(text: &str) -> Result<Fleet, String> {
-    let specs = specs_from_yaml(text)?;
-    Fleet::start(specs).await.map_err(|e| e.to_string())
+    let file = read(text)?;
+    let specs = file
+        .endpoints
+        .into_iter()
+        .map(EndpointEntry::into_spec)
+        .collect();
+    let fleet = Fleet::start(specs).await.map_err(|e| e.to_string())?;
+    let Some(entry) = file.identity else {
+        return Ok(fleet);
+    };
+    let defaults = IdentitySpec::default();
+    let spec = IdentitySpec {
+        lifetime_s: entry.lifetime_s.unwrap_or(defaults.lifetime_s),
+        client_secret: entry.client_secret,
+        identity_header: entry.identity_header.unwrap_or(defaults.identity_header),
+        listen: entry.listen,
+    };
+    let identity = IdentityServer::start(spec)
+        .await
+        .map_err(|e| format!("mock identity endpoint: {e}"))?;
+    Ok(fleet.with_identity(identity))
 }
 
 impl EndpointEntry {
@@ -74,6 +107,7 @@ impl EndpointEntry {
             dialect: self.dialect,
             region: self.region,
             api_key: self.api_key,
+            entra_audience: self.entra_audience,
             deployments: self
                 .deployments
                 .into_iter()
