@@ -8,7 +8,7 @@
 mod flows;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
@@ -26,12 +26,16 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
 /// The least time between two token requests of one cache.
 const MIN_INTERVAL: Duration = Duration::from_millis(100);
-/// A token a backend refuses is replaced only when it is older than this.
+/// A refused token is replaced at most once in this long.
 const REFETCH_GUARD: Duration = Duration::from_secs(2);
 /// A token is fetched again this long before it expires (at most a quarter of its life ahead).
 const REFRESH_AHEAD: Duration = Duration::from_secs(300);
 /// A token is not sent in the last moments of its life: the backend could see it expired.
 const EXPIRY_MARGIN: Duration = Duration::from_secs(30);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The token caches of one runtime, by backend (same index as `snapshot.backends`).
 #[derive(Default)]
@@ -100,6 +104,8 @@ struct Shared {
     failing: AtomicBool,
     /// Whether a token request is in flight: a waiting request then asks for none of its own.
     fetching: AtomicBool,
+    /// When a refused token was last replaced (a rare path: a plain lock).
+    replaced_at: Mutex<Option<Instant>>,
     /// Asks the task for a token now (a cold start, a token a backend refused).
     wanted: Notify,
 }
@@ -109,7 +115,6 @@ struct Token {
     header: HeaderValue,
     /// When it is no longer sent.
     usable_until: Instant,
-    issued_at: Instant,
 }
 
 impl TokenCache {
@@ -121,6 +126,7 @@ impl TokenCache {
                 attempts: watch::Sender::new(0),
                 failing: AtomicBool::new(false),
                 fetching: AtomicBool::new(false),
+                replaced_at: Mutex::new(None),
                 wanted: Notify::new(),
             }),
             source,
@@ -161,16 +167,17 @@ impl TokenCache {
         deadline: Instant,
     ) -> Result<HeaderValue, Failure> {
         self.start();
-        let fresh = || {
-            self.cached()
-                .filter(|h| Some(h) != refused || self.is_new())
-        };
+        let fresh = || self.cached().filter(|h| Some(h) != refused);
         let mut finished = self.shared.attempts.subscribe();
         if let Some(header) = fresh() {
             return Ok(header);
         }
         if refused.is_none() && self.shared.failing.load(Ordering::Acquire) {
             return Err(self.unavailable());
+        }
+        if refused.is_some() && !self.may_replace() {
+            // Replaced a moment ago already: the backend refuses new tokens too.
+            return self.cached().ok_or_else(|| self.unavailable());
         }
         if !self.shared.fetching.load(Ordering::Acquire) {
             self.shared.wanted.notify_one();
@@ -181,13 +188,17 @@ impl TokenCache {
         }
     }
 
-    /// Whether the current token was issued too recently for another to help: a backend that
-    /// refuses it would refuse the next one too, and the identity endpoint is not asked again.
-    fn is_new(&self) -> bool {
-        let token = self.shared.current.load();
-        token
-            .as_ref()
-            .is_some_and(|t| t.issued_at.elapsed() < REFETCH_GUARD)
+    /// Whether a refused token may be replaced now: once per [`REFETCH_GUARD`], so a backend
+    /// that refuses every token cannot make the gateway hammer its identity endpoint.
+    fn may_replace(&self) -> bool {
+        let mut last = lock(&self.shared.replaced_at);
+        match *last {
+            Some(at) if at.elapsed() < REFETCH_GUARD => false,
+            _ => {
+                *last = Some(Instant::now());
+                true
+            }
+        }
     }
 
     fn unavailable(&self) -> Failure {
@@ -274,7 +285,6 @@ impl Keeper {
         self.shared.current.store(Some(Arc::new(Token {
             header,
             usable_until: asked_at + life - margin,
-            issued_at: asked_at,
         })));
         self.shared.failing.store(false, Ordering::Release);
         tracing::debug!(identity = %self.shared.identity, scope = %self.scope, lifetime_s = life.as_secs(), "got a token");
