@@ -328,6 +328,26 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_names_the_identity_and_never_its_secret() {
+        let s = compile(
+            "identities: { ci: { kind: client_secret, tenant_id: t, client_id: c, client_secret: s3cr3t-value } }
+backends:
+  - { name: a, provider: azure, url: https://a.example.com, region: r, identity: ci }
+",
+        );
+        assert_eq!(
+            s.backends[0].identity.as_ref().unwrap().scope,
+            "https://cognitiveservices.azure.com/.default"
+        );
+        let summary = crate::summary(&s);
+        assert!(
+            summary.contains("a (azure, r, by identity ci)"),
+            "{summary}"
+        );
+        assert!(!summary.contains("s3cr3t") && !format!("{s:?}").contains("s3cr3t"));
+    }
+
+    #[test]
     fn identity_mistakes_are_located() {
         let found = problems(
             "identities:
