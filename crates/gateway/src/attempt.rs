@@ -91,11 +91,16 @@ impl Dispatch {
         let sent = upstream::send(client, wire, first_token_by, deadline).await;
         let sent = match (sent, tokens, token, deployment) {
             (Err(refused), Some(tokens), Some(token), Some(deployment)) if is_401(&refused) => {
-                // A token the backend refuses: replaced once, the request sent once more.
-                let mut wire = self.wire(backend_index, &deployment, request)?;
-                let token = tokens.replace(&token, deadline).await?;
-                wire.headers.insert(header::AUTHORIZATION, token);
-                upstream::send(client, wire, first_token_by, deadline).await
+                // A token the backend refuses: replaced once, the request sent once more. No
+                // other token to be had: the refusal stands.
+                match tokens.replace(&token, deadline).await {
+                    Ok(token) => {
+                        let mut wire = self.wire(backend_index, &deployment, request)?;
+                        wire.headers.insert(header::AUTHORIZATION, token);
+                        upstream::send(client, wire, first_token_by, deadline).await
+                    }
+                    Err(_) => Err(refused),
+                }
             }
             (sent, ..) => sent,
         };

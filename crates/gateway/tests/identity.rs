@@ -392,3 +392,56 @@ async fn an_azure_v1_backend_names_the_deployment_in_the_body() {
     // Found by the body's `model`: the v1 path names no deployment.
     assert_eq!(h.endpoint("az").requests("gpt-4o"), 2);
 }
+
+#[tokio::test]
+async fn no_token_or_secret_reaches_a_log_line() {
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = Sink(logs.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || sink.clone())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let fleet = fleet(
+        IdentitySpec::default().client_secret(SECRET),
+        vec![entra_azure("az"), keyed_azure("keyed")],
+    )
+    .await;
+    let authority = fleet.identity().unwrap().authority();
+    let yaml = format!("{{ kind: client_secret, tenant_id: t1, client_id: c1, client_secret: {SECRET}, authority: \"{authority}\" }}");
+    let h = gateway(fleet, &yaml, &|_| None).await;
+    served(&h, "chat").await;
+    // A refused token, a second refusal, and an outage: every path that logs.
+    h.endpoint("az").set_behavior(Behavior {
+        status: Some(401),
+        ..Behavior::default()
+    });
+    served(&h, "chat-fallback").await;
+    identity(&h).set_behavior(IdentityBehavior {
+        down: true,
+        ..IdentityBehavior::default()
+    });
+    // Past the two seconds between replacements: the refusal asks the failing endpoint again.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let answer = h.chat("chat-fallback").await;
+    assert_eq!(answer.attempts(), "az=401,keyed=200", "{}", answer.body);
+    let text = String::from_utf8_lossy(&logs.lock().unwrap()).into_owned();
+    assert!(text.contains("token request failed"), "{text}");
+    assert!(!text.contains(SECRET), "{text}");
+    // Every mock token starts with the base64 of `{"typ"`.
+    assert!(!text.contains("eyJ0eXAi"), "{text}");
+}
+
+#[derive(Clone)]
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
