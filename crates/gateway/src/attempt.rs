@@ -9,6 +9,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
+use onedoor_config::Backend;
 use onedoor_state::now_ms;
 use tokio::time::Instant;
 
@@ -70,7 +71,9 @@ impl Dispatch {
             .get(candidate.backend)
             .map(LaneClients::here)
             .ok_or_else(unknown)?;
-        let mut wire = self.wire(candidate.backend, &candidate.deployment, request)?;
+        let mut wire = self
+            .wire(candidate.backend, backend, &candidate.deployment, request)
+            .map_err(unsendable)?;
         let tokens = runtime.credentials.of(candidate.backend);
         // Kept only where a refused token is replaced and the request sent again.
         let deployment = tokens.map(|_| candidate.deployment.clone());
@@ -95,7 +98,9 @@ impl Dispatch {
                 // other token to be had: the refusal stands.
                 match tokens.replace(&token, deadline).await {
                     Ok(token) => {
-                        let mut wire = self.wire(backend_index, &deployment, request)?;
+                        let mut wire = self
+                            .wire(backend_index, backend, &deployment, request)
+                            .map_err(unsendable)?;
                         wire.headers.insert(header::AUTHORIZATION, token);
                         upstream::send(client, wire, first_token_by, deadline).await
                     }
@@ -173,26 +178,19 @@ impl Dispatch {
 }
 
 impl Dispatch {
-    /// The wire request for `deployment` on backend `backend`, with its stamp and traceparent.
+    /// The wire request for `deployment` on `backend` (index `id`), with its stamp and
+    /// traceparent.
     fn wire(
         &self,
-        backend: usize,
+        id: usize,
+        backend: &Backend,
         deployment: &str,
         request: &ClientRequest,
-    ) -> Result<provider::WireRequest, Failure> {
+    ) -> Result<provider::WireRequest, Unsendable> {
         let runtime = &self.runtime;
-        let config = runtime
-            .snapshot
-            .backends
-            .get(backend)
-            .ok_or_else(|| Failure::ConnectError("unknown backend".into()))?;
-        let stamp = runtime.stamps.get(backend).map_or(&[][..], Vec::as_slice);
-        let known = runtime.uris.get(backend, deployment, self.operation);
-        let mut wire = provider::build(config, stamp, deployment, self.operation, request, known)
-            .map_err(|e| match e {
-            Unsendable::Invalid(message) => provider::refusal(&message),
-            other => Failure::ConnectError(other.to_string()),
-        })?;
+        let stamp = runtime.stamps.get(id).map_or(&[][..], Vec::as_slice);
+        let known = runtime.uris.get(id, deployment, self.operation);
+        let mut wire = provider::build(backend, stamp, deployment, self.operation, request, known)?;
         if let Some(traceparent) = &self.traceparent {
             traceparent.stamp(&mut wire.headers);
         }
@@ -213,6 +211,13 @@ async fn authorize(
     };
     wire.headers.insert(header::AUTHORIZATION, token.clone());
     Ok(token)
+}
+
+fn unsendable(error: Unsendable) -> Failure {
+    match error {
+        Unsendable::Invalid(message) => provider::refusal(&message),
+        other => Failure::ConnectError(other.to_string()),
+    }
 }
 
 fn is_401(failure: &Failure) -> bool {

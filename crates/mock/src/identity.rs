@@ -234,11 +234,11 @@ async fn answer(state: Arc<State>, request: Request<Incoming>) -> Result<Answer,
             "No such endpoint.",
         )),
     };
-    Ok(issued.unwrap_or_else(|refused| refused))
+    Ok(issued.unwrap_or_else(Refusal::answer))
 }
 
 /// The instance metadata service: `Metadata: true` or a 400, as Azure answers.
-fn imds(state: &State, headers: &HeaderMap, query: &str) -> Result<Answer, Answer> {
+fn imds(state: &State, headers: &HeaderMap, query: &str) -> Result<Answer, Refusal> {
     if header(headers, "metadata") != Some("true") {
         return Err(refusal(
             StatusCode::BAD_REQUEST,
@@ -252,7 +252,7 @@ fn imds(state: &State, headers: &HeaderMap, query: &str) -> Result<Answer, Answe
 }
 
 /// App Service and Container Apps: `X-IDENTITY-HEADER` must match.
-fn app_service(state: &State, headers: &HeaderMap, query: &str) -> Result<Answer, Answer> {
+fn app_service(state: &State, headers: &HeaderMap, query: &str) -> Result<Answer, Refusal> {
     if header(headers, "x-identity-header") != Some(state.spec.identity_header.as_str()) {
         return Err(refusal(
             StatusCode::UNAUTHORIZED,
@@ -282,7 +282,7 @@ fn managed_token(state: &State, flow: &'static str, resource: &str, client: &str
 }
 
 /// The tenant token endpoint's client credentials grant.
-fn entra(state: &State, tenant: &str, body: &[u8]) -> Result<Answer, Answer> {
+fn entra(state: &State, tenant: &str, body: &[u8]) -> Result<Answer, Refusal> {
     let form = form(body);
     let get = |name: &str| {
         form.iter()
@@ -395,13 +395,30 @@ fn stats(state: &State) -> Value {
     })
 }
 
-/// Entra ID's error envelope.
-fn refusal(status: StatusCode, error: &str, description: &str) -> Answer {
-    let body = json!({"error": error, "error_description": description, "error_codes": []});
-    reply(status, &body)
+/// A token request refused, in Entra ID's error envelope.
+struct Refusal {
+    status: StatusCode,
+    error: &'static str,
+    description: &'static str,
 }
 
-fn missing_resource() -> Answer {
+impl Refusal {
+    fn answer(self) -> Answer {
+        let body =
+            json!({"error": self.error, "error_description": self.description, "error_codes": []});
+        reply(self.status, &body)
+    }
+}
+
+fn refusal(status: StatusCode, error: &'static str, description: &'static str) -> Refusal {
+    Refusal {
+        status,
+        error,
+        description,
+    }
+}
+
+fn missing_resource() -> Refusal {
     refusal(
         StatusCode::BAD_REQUEST,
         "invalid_request",
