@@ -3,8 +3,10 @@
 //! side is not silently mirrored on the other.
 //!
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
-//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`). Azure and OpenAI
-//! endpoints also accept realtime WebSocket sessions at their dialect's realtime URLs.
+//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`, `POST
+//! revoke-tokens`). Azure and OpenAI endpoints also accept realtime WebSocket sessions at their
+//! dialect's realtime URLs. A simulated Entra ID ([`IdentityServer`]; `identity:` in the fleet
+//! YAML) issues the tokens that endpoints with an `entra_audience` take instead of a key.
 
 mod anthropic;
 mod azure;

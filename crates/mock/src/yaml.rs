@@ -180,12 +180,16 @@ endpoints:
   - name: claude
     dialect: anthropic
     deployments: [{ name: claude-sonnet-4-5 }]
+  - name: keyless
+    dialect: azure
+    entra_audience: https://cognitiveservices.azure.com
+identity: { lifetime_s: 300, client_secret: s }
 "#;
 
     #[test]
     fn reads_the_documented_format() {
         let specs = specs_from_yaml(SAMPLE).unwrap();
-        assert_eq!(specs.len(), 2);
+        assert_eq!(specs.len(), 3);
         let azure = &specs[0];
         assert_eq!(azure.dialect, Dialect::Azure);
         assert_eq!(azure.listen, Some("127.0.0.1:8101".parse().unwrap()));
@@ -201,6 +205,22 @@ endpoints:
         );
         assert_eq!(specs[1].deployments[0].model, "claude-sonnet-4-5");
         assert_eq!(specs[1].region, "local");
+        assert_eq!(
+            specs[2].entra_audience.as_deref(),
+            Some("https://cognitiveservices.azure.com")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_fleet_file_may_start_an_identity_endpoint() {
+        let fleet = run_from_yaml("endpoints: []\nidentity: { lifetime_s: 60 }\n")
+            .await
+            .unwrap();
+        assert!(fleet
+            .identity()
+            .unwrap()
+            .imds_url()
+            .starts_with("http://127.0.0.1:"));
     }
 
     #[test]

@@ -101,10 +101,10 @@ fn validate_locates_identity_mistakes_without_quoting_secrets() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let file = path.display().to_string();
     let expected = [
-        format!("{file}:3:14: expected one of managed_identity, workload_identity, client_secret"),
-        format!("{file}:4:102: the authority must be an https URL"),
-        format!("{file}:6:83: unknown identity \"nobody\" (known: gateway)"),
-        format!("{file}:7:103: a backend has api_key or identity, not both"),
+        format!("{file}:3:15: expected one of managed_identity, workload_identity, client_secret"),
+        format!("{file}:4:103: the authority must be an https URL"),
+        format!("{file}:6:81: unknown identity \"nobody\" (known: gateway)"),
+        format!("{file}:7:98: a backend has api_key or identity, not both"),
     ];
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), expected.len(), "{stdout}");
