@@ -445,3 +445,20 @@ impl std::io::Write for Sink {
         Ok(())
     }
 }
+
+#[tokio::test]
+async fn health_checks_carry_the_token_so_the_backend_stays_in_rotation() {
+    let spec = EndpointSpec::openai("compat", "onprem")
+        .deployment(DeploymentSpec::new("llama"))
+        .entra(COGNITIVE);
+    let fleet = fleet(IdentitySpec::default(), vec![spec]).await;
+    let url = fleet.identity().unwrap().imds_url();
+    let config = format!(
+        "identities:\n  gw: {{ kind: managed_identity, endpoint: \"{url}\" }}\nbackends:\n  - {{ name: compat, provider: openai, region: onprem, url: \"{{url:compat}}\", identity: gw, health_check: {{ path: /models, interval: 100ms }} }}\nmodels:\n  - name: chat\n    targets: [{{ backend: compat, model: llama }}]\n"
+    );
+    let h = Harness::start_with(fleet, &config, &|_| None).await;
+    // Probes without the token would be 401s: two of them take the backend out of rotation.
+    assert!(eventually(|| h.endpoint("compat").total_requests() >= 4).await);
+    served(&h, "chat").await;
+    assert_eq!(identity(&h).token_requests(), 1);
+}

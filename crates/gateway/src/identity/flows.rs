@@ -54,7 +54,7 @@ pub async fn fetch(
     source: &TokenSource,
     scope: &str,
 ) -> Result<Issued, FetchError> {
-    let request = request(source, scope).await?;
+    let request = request(source, scope)?;
     let answer = tokio::time::timeout(REQUEST_TIMEOUT, send(client, request))
         .await
         .map_err(|_| FetchError::Unreachable("timed out".into()))??;
@@ -82,7 +82,7 @@ async fn send(client: &TokenClient, request: Request<Full<Bytes>>) -> Result<Byt
 }
 
 /// The request `source` takes for a token for `scope`.
-async fn request(source: &TokenSource, scope: &str) -> Result<Request<Full<Bytes>>, FetchError> {
+fn request(source: &TokenSource, scope: &str) -> Result<Request<Full<Bytes>>, FetchError> {
     match source {
         TokenSource::ManagedIdentity {
             endpoint,
