@@ -462,3 +462,34 @@ async fn health_checks_carry_the_token_so_the_backend_stays_in_rotation() {
     served(&h, "chat").await;
     assert_eq!(identity(&h).token_requests(), 1);
 }
+
+#[tokio::test]
+async fn a_realtime_session_to_a_keyless_backend_carries_the_token() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let spec = EndpointSpec::azure("rt", "swedencentral")
+        .deployment(DeploymentSpec::new("gpt-rt").model("gpt-4o-realtime-preview"))
+        .entra(COGNITIVE);
+    let fleet = fleet(IdentitySpec::default(), vec![spec]).await;
+    let url = fleet.identity().unwrap().imds_url();
+    let config = format!(
+        "identities:\n  gw: {{ kind: managed_identity, endpoint: \"{url}\" }}\nbackends:\n  - {{ name: rt, provider: azure, region: se, url: \"{{url:rt}}\", identity: gw }}\nmodels:\n  - name: voice\n    targets: [{{ backend: rt, deployment: gpt-rt }}]\n"
+    );
+    let h = Harness::start_with(fleet, &config, &|_| None).await;
+    let path = "/openai/realtime?api-version=2024-10-01-preview&deployment=voice";
+    let mut request = format!("ws://{}{path}", h.gateway.addr())
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("api-key", http::HeaderValue::from_static(KEY));
+    let stream = tokio::net::TcpStream::connect(h.gateway.addr())
+        .await
+        .unwrap();
+    let (_socket, head) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the gateway upgrades");
+    assert_eq!(head.headers()["x-onedoor-attempts"], "rt=200");
+    let seen = h.endpoint("rt").last_realtime_handshake().unwrap();
+    assert_eq!(seen.credential_in, "bearer");
+    assert_eq!(identity(&h).token_requests(), 1);
+}

@@ -247,34 +247,8 @@ impl<'a> Exchange<'a> {
         }
     }
 
-    /// The key, or on an endpoint with an `entra_audience` a bearer token from the mock identity
-    /// endpoint (which must be valid: signed, for the audience, unexpired, not revoked).
     fn credentials(&self) -> Result<(), Reject> {
-        let spec = &self.shared.spec;
-        let headers = &self.parts.headers;
-        let Some(audience) = &spec.entra_audience else {
-            return self.wire.check_headers(headers, spec.api_key.as_deref());
-        };
-        let Some(token) = dialect::bearer(headers) else {
-            return match spec.api_key {
-                Some(_) => self.wire.check_headers(headers, spec.api_key.as_deref()),
-                None => Err(Reject::TokenRefused {
-                    audience: audience.clone(),
-                }),
-            };
-        };
-        let not_before = self
-            .shared
-            .tokens_not_before_ms
-            .load(std::sync::atomic::Ordering::Relaxed);
-        crate::identity::verify(token, audience, not_before).map_err(|problem| {
-            tracing::debug!(endpoint = %spec.name, ?problem, "mock endpoint refused a bearer token");
-            Reject::TokenRefused {
-                audience: audience.clone(),
-            }
-        })?;
-        // The dialect's other required headers (anthropic-version), without a key to check.
-        self.wire.check_headers(headers, None)
+        crate::identity::check(self.shared, self.wire, &self.parts.headers)
     }
 
     fn deployment(&self) -> Result<&'a Deployment, Reject> {

@@ -28,7 +28,8 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::state::lock;
+use crate::dialect::{self, Reject, Wire};
+use crate::state::{lock, Shared};
 
 /// What every mock endpoint signs and checks tokens with.
 const SIGNING_KEY: &[u8] = b"onedoor-mock-entra-signing-key";
@@ -529,6 +530,32 @@ pub enum TokenProblem {
     WrongAudience,
     Expired,
     Revoked,
+}
+
+/// An endpoint's credential check: its key, or on an endpoint with an `entra_audience` a bearer
+/// token from the mock identity endpoint (which must be valid: signed, for the audience,
+/// unexpired, not revoked); without an `api_key` too, nothing but such a token passes.
+pub fn check(shared: &Shared, wire: &dyn Wire, headers: &HeaderMap) -> Result<(), Reject> {
+    let spec = &shared.spec;
+    let Some(audience) = &spec.entra_audience else {
+        return wire.check_headers(headers, spec.api_key.as_deref());
+    };
+    let refused = || Reject::TokenRefused {
+        audience: audience.clone(),
+    };
+    let Some(token) = dialect::bearer(headers) else {
+        return match spec.api_key {
+            Some(_) => wire.check_headers(headers, spec.api_key.as_deref()),
+            None => Err(refused()),
+        };
+    };
+    let not_before = shared.tokens_not_before_ms.load(Ordering::Relaxed);
+    verify(token, audience, not_before).map_err(|problem| {
+        tracing::debug!(endpoint = %spec.name, ?problem, "mock endpoint refused a bearer token");
+        refused()
+    })?;
+    // The dialect's other required headers (anthropic-version), without a key to check.
+    wire.check_headers(headers, None)
 }
 
 /// Checks a bearer token for `audience`: signed by the mock, for that audience, not expired and
