@@ -352,6 +352,45 @@ mod tests {
         assert!(per_call < Duration::from_micros(2), "{per_call:?}");
     }
 
+    fn snapshot(scope_b: &str, endpoint: &str) -> Snapshot {
+        let yaml = format!(
+            "identities: {{ gw: {{ kind: managed_identity, endpoint: \"{endpoint}\" }} }}
+backends:
+  - {{ name: a, provider: azure, url: https://a.example.com, region: r, identity: gw }}
+  - {{ name: b, provider: azure, url: https://b.example.com, region: r, identity: gw, scope: \"{scope_b}\" }}
+  - {{ name: c, provider: azure, url: https://c.example.com, region: r, api_key: k }}
+"
+        );
+        onedoor_config::parse(&yaml, std::path::Path::new("t.yaml"), &|_| None).unwrap()
+    }
+
+    #[test]
+    fn caches_are_shared_by_backends_alike_and_kept_across_a_reload_while_unchanged() {
+        let cognitive = "https://cognitiveservices.azure.com/.default";
+        let imds = "http://127.0.0.1:1/token";
+        let first = Credentials::new(&snapshot(cognitive, imds), None);
+        let (a, b) = (first.of(0).unwrap(), first.of(1).unwrap());
+        assert!(Arc::ptr_eq(a, b), "one (identity, scope), one cache");
+        assert!(first.of(2).is_none());
+        let reloaded = Credentials::new(
+            &snapshot("https://ai.azure.com/.default", imds),
+            Some(&first),
+        );
+        assert!(Arc::ptr_eq(reloaded.of(0).unwrap(), a), "unchanged: kept");
+        assert!(
+            !Arc::ptr_eq(reloaded.of(1).unwrap(), a),
+            "another scope: its own"
+        );
+        let moved = Credentials::new(
+            &snapshot(cognitive, "http://127.0.0.1:2/token"),
+            Some(&first),
+        );
+        assert!(
+            !Arc::ptr_eq(moved.of(0).unwrap(), a),
+            "another endpoint: a new cache"
+        );
+    }
+
     #[test]
     fn an_expired_token_is_not_sent() {
         let cache = cache_with_token(Duration::ZERO);
