@@ -4,8 +4,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::identities::Identities;
 use crate::limits;
-use crate::model::{Backend, BackendId, BreakerPolicy, HealthCheck, Provider, Timeouts};
+use crate::model::{
+    AzureApi, Backend, BackendId, BackendIdentity, BreakerPolicy, HealthCheck, Provider, Timeouts,
+};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
 use crate::routing;
@@ -14,6 +17,10 @@ use crate::tree::Node;
 pub(crate) const DEFAULT_API_VERSION: &str = "2024-10-21";
 pub(crate) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(10);
+/// The scope of Azure OpenAI (and Azure AI services) tokens.
+pub(crate) const COGNITIVE_SERVICES_SCOPE: &str = "https://cognitiveservices.azure.com/.default";
+/// The scope of Azure AI Foundry tokens, which Claude on Foundry takes.
+pub(crate) const AI_FOUNDRY_SCOPE: &str = "https://ai.azure.com/.default";
 
 const KEYS: &[&str] = &[
     "name",
@@ -21,6 +28,9 @@ const KEYS: &[&str] = &[
     "url",
     "region",
     "api_key",
+    "identity",
+    "scope",
+    "azure_api",
     "api_version",
     "anthropic_version",
     "limits",
@@ -63,6 +73,7 @@ impl Backends {
 
 pub(crate) fn backends(
     node: Option<&Node>,
+    identities: &Identities,
     breakers: &HashMap<String, BreakerPolicy>,
     timeouts: Timeouts,
     p: &mut Problems,
@@ -94,6 +105,10 @@ pub(crate) fn backends(
             }
         }
         let backend = backend(&f, name.unwrap_or_default(), breakers, timeouts, p);
+        let backend = Backend {
+            identity: identity(&f, backend.provider, identities, p),
+            ..backend
+        };
         backends.list.push(backend);
     }
     backends
@@ -129,6 +144,8 @@ fn backend(
             .unwrap_or_default()
             .into(),
         api_key: f.secret("api_key", p),
+        identity: None,
+        azure_api: azure_api(f, provider, p),
         api_version: api_version.unwrap_or_else(|| DEFAULT_API_VERSION.to_owned()),
         anthropic_version: anthropic_version
             .unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_owned()),
@@ -139,6 +156,54 @@ fn backend(
         timeouts: routing::timeouts(f.get("timeouts"), timeouts, p),
         health_check: f.get("health_check").and_then(|n| health_check(n, p)),
     }
+}
+
+/// `identity` and `scope`: a backend has an `api_key` or an `identity`, not both; its scope
+/// defaults by provider (Azure AI Foundry's for Anthropic, Cognitive Services' otherwise).
+fn identity(
+    f: &Fields,
+    provider: Provider,
+    identities: &Identities,
+    p: &mut Problems,
+) -> Option<BackendIdentity> {
+    let scope = f.get("scope").and_then(|n| read::name(n, p));
+    let Some(node) = f.get("identity") else {
+        if f.has("scope") {
+            p.at(
+                f.key_mark("scope"),
+                "scope applies only to a backend with an identity",
+            );
+        }
+        return None;
+    };
+    if f.has("api_key") {
+        p.at(
+            f.key_mark("identity"),
+            "a backend has api_key or identity, not both",
+        );
+    }
+    let identity = identities.resolve(node, p)?;
+    let default = match provider {
+        Provider::Anthropic => AI_FOUNDRY_SCOPE,
+        Provider::Azure | Provider::OpenAi => COGNITIVE_SERVICES_SCOPE,
+    };
+    Some(BackendIdentity {
+        identity,
+        scope: scope.map_or(default, str::trim).to_owned(),
+    })
+}
+
+/// `azure_api: deployments | v1`, on Azure backends only.
+fn azure_api(f: &Fields, provider: Option<Provider>, p: &mut Problems) -> AzureApi {
+    let Some(node) = f.get("azure_api") else {
+        return AzureApi::Deployments;
+    };
+    if provider.is_some_and(|provider| provider != Provider::Azure) {
+        p.at(node.mark, "azure_api applies only to azure backends");
+        return AzureApi::Deployments;
+    }
+    let styles = [("deployments", AzureApi::Deployments), ("v1", AzureApi::V1)];
+    read::choice(node, &styles, p).unwrap_or_default()
 }
 
 /// `api_version` or `anthropic_version`: only on the provider it belongs to.

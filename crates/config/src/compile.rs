@@ -9,7 +9,8 @@ use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
 use crate::{
-    backends, breakers, client_auth, connections, models, realtime, regions, routing, service,
+    backends, breakers, client_auth, connections, identities, models, realtime, regions, routing,
+    service,
     telemetry, tenants,
 };
 
@@ -24,6 +25,7 @@ const SECTIONS: &[&str] = &[
     "routing",
     "realtime",
     "regions",
+    "identities",
     "backends",
     "circuit_breakers",
     "models",
@@ -34,13 +36,25 @@ const SECTIONS: &[&str] = &[
 
 /// Compile the whole tree. Problems go to `p`; when there are any the snapshot is incomplete and
 /// must be thrown away.
-pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot {
+pub(crate) fn snapshot(
+    root: &Node,
+    source: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    p: &mut Problems,
+) -> Snapshot {
     let f = Fields::new(root, SECTIONS, p);
     let listen = service::listen(f.get("listen"), p);
     let routing = routing::routing(f.get("routing"), p);
     let regions = regions::regions(f.get("regions"), p);
     let circuit_breakers = breakers::breakers(f.get("circuit_breakers"), p);
-    let backends = backends::backends(f.get("backends"), &circuit_breakers, routing.timeouts, p);
+    let identities = identities::identities(f.get("identities"), env, p);
+    let backends = backends::backends(
+        f.get("backends"),
+        &identities,
+        &circuit_breakers,
+        routing.timeouts,
+        p,
+    );
     let models = models::models(f.get("models"), &backends, p);
     let issuers = client_auth::jwt_issuers(f.get("client_auth"), p);
     let known = Known {
@@ -66,6 +80,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         backends: backends.list,
         backend_by_name: backends.by_name,
         circuit_breakers,
+        identities: identities.list,
         aliases: models.aliases,
         alias_by_name: models.by_name,
         wildcard: models.wildcard,

@@ -8,6 +8,7 @@ mod breakers;
 mod client_auth;
 mod compile;
 mod connections;
+mod identities;
 mod limits;
 mod models;
 mod problems;
@@ -70,7 +71,7 @@ pub fn parse(
     };
     let base = source.parent().unwrap_or(Path::new(""));
     secrets::resolve(&mut root, base, env, &mut p);
-    let snapshot = compile::snapshot(&root, source, &mut p);
+    let snapshot = compile::snapshot(&root, source, env, &mut p);
     if p.is_empty() {
         Ok(snapshot)
     } else {

@@ -64,6 +64,8 @@ pub struct Snapshot {
     pub backends: Vec<Backend>,
     pub backend_by_name: HashMap<String, BackendId>,
     pub circuit_breakers: HashMap<String, BreakerPolicy>,
+    /// The identities backends authenticate with (Microsoft Entra ID), in file order.
+    pub identities: Vec<Identity>,
     /// Every alias except `"*"`, in file order.
     pub aliases: Vec<Alias>,
     pub alias_by_name: Lookup<String, AliasId>,
@@ -251,6 +253,10 @@ pub struct Backend {
     pub url: String,
     pub region: Arc<str>,
     pub api_key: Option<Secret>,
+    /// An Entra ID token instead of `api_key`: which identity, for which scope.
+    pub identity: Option<BackendIdentity>,
+    /// Azure only: deployment paths (the default) or the v1 API.
+    pub azure_api: AzureApi,
     /// Azure only; defaults to `2024-10-21`.
     pub api_version: String,
     /// Anthropic only; defaults to `2023-06-01`.
@@ -259,6 +265,80 @@ pub struct Backend {
     pub circuit_breaker: Option<String>,
     pub timeouts: Timeouts,
     pub health_check: Option<HealthCheck>,
+}
+
+/// Index of an identity in `Snapshot::identities`.
+pub type IdentityId = usize;
+
+/// Which of Azure OpenAI's URL styles a backend is called on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AzureApi {
+    /// `/openai/deployments/{deployment}/...?api-version=...`.
+    #[default]
+    Deployments,
+    /// `/openai/v1/...`, the deployment in the body's `model`, no `api-version`.
+    V1,
+}
+
+/// A backend reached with an identity's token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendIdentity {
+    pub identity: IdentityId,
+    /// The OAuth scope the token is asked for (`https://cognitiveservices.azure.com/.default`).
+    pub scope: String,
+}
+
+/// An identity the gateway gets Entra ID tokens for, every setting resolved (the environment
+/// variables Azure sets included) when the config is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: Arc<str>,
+    pub source: TokenSource,
+}
+
+/// Where an identity's tokens come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenSource {
+    /// The instance metadata service (VM, VMSS, AKS node), or App Service / Container Apps /
+    /// Functions (`IDENTITY_ENDPOINT` with `IDENTITY_HEADER`).
+    ManagedIdentity {
+        endpoint: ManagedEndpoint,
+        /// A user-assigned identity; `None`: the system-assigned one.
+        client_id: Option<String>,
+    },
+    /// AKS workload identity: the federated token in `token_file` (re-read at every refresh)
+    /// exchanged for an Entra ID token at `token_url`.
+    WorkloadIdentity {
+        token_url: String,
+        client_id: String,
+        token_file: PathBuf,
+    },
+    /// A service principal's client secret, exchanged at `token_url`.
+    ClientSecret {
+        token_url: String,
+        client_id: String,
+        client_secret: Secret,
+    },
+}
+
+/// The managed identity endpoint a process on Azure asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManagedEndpoint {
+    /// `GET {url}?api-version=2018-02-01&resource=...` with `Metadata: true`.
+    Imds { url: String },
+    /// `GET {url}?api-version=2019-08-01&resource=...` with `X-IDENTITY-HEADER`.
+    AppService { url: String, header: Secret },
+}
+
+impl TokenSource {
+    /// The kind as the config writes it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TokenSource::ManagedIdentity { .. } => "managed_identity",
+            TokenSource::WorkloadIdentity { .. } => "workload_identity",
+            TokenSource::ClientSecret { .. } => "client_secret",
+        }
+    }
 }
 
 /// One status class a breaker rule counts.

@@ -10,7 +10,22 @@ pub(crate) fn summary(s: &Snapshot) -> String {
     let backends: Vec<String> = s
         .backends
         .iter()
-        .map(|b| format!("{} ({}, {})", b.name, b.provider.as_str(), b.region))
+        .map(|b| {
+            match b
+                .identity
+                .as_ref()
+                .and_then(|i| s.identities.get(i.identity))
+            {
+                Some(identity) => format!(
+                    "{} ({}, {}, by identity {})",
+                    b.name,
+                    b.provider.as_str(),
+                    b.region,
+                    identity.name
+                ),
+                None => format!("{} ({}, {})", b.name, b.provider.as_str(), b.region),
+            }
+        })
         .collect();
     out.push_str(&counted(backends.len(), "backend", &backends));
     if s.backends.is_empty() {

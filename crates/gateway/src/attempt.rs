@@ -9,11 +9,13 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, StatusCode};
 use http_body_util::BodyExt;
+use onedoor_config::Backend;
 use onedoor_state::now_ms;
 use tokio::time::Instant;
 
 use crate::affinity::ResponsePin;
 use crate::breaker::{Admission, Observed};
+use crate::identity::TokenCache;
 use crate::provider::{self, Unsendable};
 use crate::redaction;
 use crate::request::{ClientRequest, Operation};
@@ -71,27 +73,16 @@ impl Dispatch {
             .get(candidate.backend)
             .map(LaneClients::here)
             .ok_or_else(unknown)?;
-        let stamp = runtime
-            .stamps
-            .get(candidate.backend)
-            .map_or(&[][..], Vec::as_slice);
-        let mut wire = provider::build(
-            backend,
-            stamp,
-            &candidate.deployment,
-            self.operation,
-            request,
-            runtime
-                .uris
-                .get(candidate.backend, &candidate.deployment, self.operation),
-        )
-        .map_err(|e| match e {
-            Unsendable::Invalid(message) => provider::refusal(&message),
-            other => Failure::ConnectError(other.to_string()),
-        })?;
-        if let Some(traceparent) = &self.traceparent {
-            traceparent.stamp(&mut wire.headers);
-        }
+        let mut wire = self
+            .wire(candidate.backend, backend, &candidate.deployment, request)
+            .map_err(unsendable)?;
+        let tokens = runtime.credentials.of(candidate.backend);
+        // Kept only where a refused token is replaced and the request sent again.
+        let deployment = tokens.map(|_| candidate.deployment.clone());
+        let token = match tokens {
+            Some(tokens) => Some(authorize(tokens, &mut wire, deadline).await?),
+            None => None,
+        };
         let pin = (self.operation == Operation::Responses)
             .then(|| ResponsePin::new(runtime.state.clone(), &backend.name));
         let now = Instant::now();
@@ -103,6 +94,23 @@ impl Dispatch {
         drop(candidate);
         let mut in_flight = load.begin(request.estimated_tokens(self.operation), now_ms());
         let sent = upstream::send(client, wire, first_token_by, deadline).await;
+        let sent = match (sent, tokens, token, deployment) {
+            (Err(refused), Some(tokens), Some(token), Some(deployment)) if is_401(&refused) => {
+                // A token the backend refuses: replaced once, the request sent once more. No
+                // other token to be had: the refusal stands.
+                match tokens.replace(&token, deadline).await {
+                    Ok(token) => {
+                        let mut wire = self
+                            .wire(backend_index, backend, &deployment, request)
+                            .map_err(unsendable)?;
+                        wire.headers.insert(header::AUTHORIZATION, token);
+                        upstream::send(client, wire, first_token_by, deadline).await
+                    }
+                    Err(_) => Err(refused),
+                }
+            }
+            (sent, ..) => sent,
+        };
         match &sent {
             Ok(response) => load.observe(response.headers(), false, now_ms()),
             Err(Failure::Status {
@@ -171,6 +179,53 @@ impl Dispatch {
             native,
         })
     }
+}
+
+impl Dispatch {
+    /// The wire request for `deployment` on `backend` (index `id`), with its stamp and
+    /// traceparent.
+    fn wire(
+        &self,
+        id: usize,
+        backend: &Backend,
+        deployment: &str,
+        request: &ClientRequest,
+    ) -> Result<provider::WireRequest, Unsendable> {
+        let runtime = &self.runtime;
+        let stamp = runtime.stamps.get(id).map_or(&[][..], Vec::as_slice);
+        let known = runtime.uris.get(id, deployment, self.operation);
+        let mut wire = provider::build(backend, stamp, deployment, self.operation, request, known)?;
+        if let Some(traceparent) = &self.traceparent {
+            traceparent.stamp(&mut wire.headers);
+        }
+        Ok(wire)
+    }
+}
+
+/// Puts the identity's token on `wire`: the cached header when there is one (a clone of a shared
+/// value), else the one the cache is fetching. Returns the header sent.
+async fn authorize(
+    tokens: &TokenCache,
+    wire: &mut provider::WireRequest,
+    deadline: Instant,
+) -> Result<HeaderValue, Failure> {
+    let token = match tokens.cached() {
+        Some(token) => token,
+        None => tokens.header(deadline).await?,
+    };
+    wire.headers.insert(header::AUTHORIZATION, token.clone());
+    Ok(token)
+}
+
+fn unsendable(error: Unsendable) -> Failure {
+    match error {
+        Unsendable::Invalid(message) => provider::refusal(&message),
+        other => Failure::ConnectError(other.to_string()),
+    }
+}
+
+fn is_401(failure: &Failure) -> bool {
+    matches!(failure, Failure::Status { status, .. } if *status == StatusCode::UNAUTHORIZED)
 }
 
 /// A whole answer's body. An answer that arrives as one frame (most do: it is read in one go) is

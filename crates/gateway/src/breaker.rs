@@ -46,7 +46,10 @@ pub enum Observed {
 impl Observed {
     pub fn of(failure: &Failure) -> Self {
         match failure {
-            Failure::ConnectError(_) | Failure::Reset(_) => Observed::ConnectError,
+            // An attempt without a token is not recorded at all (the failover loop skips it).
+            Failure::ConnectError(_) | Failure::Reset(_) | Failure::AuthUnavailable(_) => {
+                Observed::ConnectError
+            }
             Failure::ConnectTimeout | Failure::FirstTokenTimeout | Failure::Timeout => {
                 Observed::Timeout
             }

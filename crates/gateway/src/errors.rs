@@ -57,6 +57,9 @@ pub enum GatewayError {
     },
     #[error("{0}")]
     NoBackendAvailable(String),
+    /// Every backend that could serve needs a token from an identity endpoint that is failing.
+    #[error("no backend for `{0}` could be authenticated to: the identity endpoint its backends need is failing, and no backend without one could serve")]
+    UpstreamAuthUnavailable(String),
     #[error("attempts for `{0}` ran out of time; x-onedoor-attempts says how")]
     UpstreamTimeout(String),
     /// The caller's own rpm, tpm or max_in_flight.
@@ -109,6 +112,7 @@ impl GatewayError {
             }
             GatewayError::CircuitOpen { .. }
             | GatewayError::NoBackendAvailable(_)
+            | GatewayError::UpstreamAuthUnavailable(_)
             | GatewayError::StateUnavailable
             | GatewayError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -135,6 +139,7 @@ impl GatewayError {
             }
             GatewayError::CircuitOpen { .. } => "circuit_open",
             GatewayError::NoBackendAvailable(_) => "no_backend_available",
+            GatewayError::UpstreamAuthUnavailable(_) => "upstream_auth_unavailable",
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::QuotaExceeded { .. } => "quota_exceeded",

@@ -231,7 +231,10 @@ impl<'a> Failover<'a> {
                     return Ok((self.plan.candidates.swap_remove(i), value));
                 }
                 Err(failure) => {
-                    self.observe(i, Observed::of(&failure)).await;
+                    // Nothing was sent without a token: the backend's breaker learns nothing.
+                    if !matches!(failure, Failure::AuthUnavailable(_)) {
+                        self.observe(i, Observed::of(&failure)).await;
+                    }
                     let outcome = failure.label();
                     tracing::debug!(%backend, %outcome, detail = failure.detail(), "attempt failed");
                     trail.push(backend, outcome);
@@ -334,7 +337,7 @@ impl<'a> Failover<'a> {
                 return Next::Move;
             }
             Verdict::CredentialRejected => {
-                tracing::warn!(backend = %self.backend_name(&self.plan.candidates[i]), "the backend rejected its own credential (401/403); check its api_key");
+                tracing::warn!(backend = %self.backend_name(&self.plan.candidates[i]), "the backend rejected its own credential (401/403); check its api_key or identity");
             }
             Verdict::OutOfTime => return Next::OutOfTime,
             Verdict::ClientError => {
@@ -343,7 +346,7 @@ impl<'a> Failover<'a> {
                     failure,
                 })
             }
-            Verdict::Transient | Verdict::TimedOut => {}
+            Verdict::Transient | Verdict::TimedOut | Verdict::AuthUnavailable => {}
         }
         self.open[i] = false;
         Next::Move
@@ -406,6 +409,8 @@ impl<'a> Failover<'a> {
                 alias,
                 retry_after: self.soonest_free(),
             }
+        } else if telling.iter().all(|v| *v == Verdict::AuthUnavailable) {
+            GatewayError::UpstreamAuthUnavailable(alias)
         } else if telling
             .iter()
             .all(|v| matches!(v, Verdict::TimedOut | Verdict::OutOfTime))

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::fleet::{Check, Flags};
+use crate::identity::TokenCache;
 use crate::provider::Header;
 use crate::runtime::Runtime;
 use crate::upstream::{Failure, Pool};
@@ -33,6 +34,8 @@ struct Probe {
     name: String,
     uri: String,
     headers: Vec<Header>,
+    /// The token cache of a backend reached by identity.
+    tokens: Option<Arc<TokenCache>>,
     client: Pool,
     interval: Duration,
     /// A probe that takes longer than this failed.
@@ -53,7 +56,8 @@ impl Probes {
                 continue;
             };
             let stamp = runtime.stamps.get(id).cloned().unwrap_or_default();
-            let probe = Probe::new(backend, check, stamp, client.here().clone(), flags.clone());
+            let mut probe = Probe::new(backend, check, stamp, client.here().clone(), flags.clone());
+            probe.tokens = runtime.credentials.of(id).cloned();
             tasks.spawn(probe.run(shutdown.clone()));
         }
         Probes { tasks }
@@ -77,6 +81,7 @@ impl Probe {
             name: backend.name.to_string(),
             uri: format!("{}{}", backend.url, check.path),
             headers,
+            tokens: None,
             client,
             interval: check.interval,
             timeout: check.interval.min(backend.timeouts.first_token),
@@ -123,6 +128,11 @@ impl Probe {
         let mut request = Request::get(&self.uri);
         for (name, value) in &self.headers {
             request = request.header(name, value.clone());
+        }
+        if let Some(tokens) = &self.tokens {
+            let by = tokio::time::Instant::now() + self.timeout;
+            let token = tokens.header(by).await.map_err(|_| "auth_unavailable")?;
+            request = request.header(http::header::AUTHORIZATION, token);
         }
         let request = request
             .body(Bytes::new())

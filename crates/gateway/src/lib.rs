@@ -18,6 +18,7 @@ mod failover;
 mod fleet;
 mod headroom;
 mod health;
+mod identity;
 mod idle_poll;
 mod jwt;
 mod lanes;

@@ -24,6 +24,8 @@ pub enum Verdict {
     ContextTooLong,
     /// 401 or 403: the backend's own credential is wrong.
     CredentialRejected,
+    /// No token for the backend's identity: the next target, nothing learned about this one.
+    AuthUnavailable,
     /// Any other 4xx: the caller's problem, returned as it came.
     ClientError,
 }
@@ -61,6 +63,7 @@ pub fn verdict(failure: &Failure) -> Verdict {
         Failure::ConnectError(_) | Failure::Reset(_) => Verdict::Transient,
         Failure::ConnectTimeout | Failure::FirstTokenTimeout => Verdict::TimedOut,
         Failure::Timeout => Verdict::OutOfTime,
+        Failure::AuthUnavailable(_) => Verdict::AuthUnavailable,
         Failure::Status {
             status,
             headers,

@@ -23,6 +23,8 @@ pub struct Runtime {
     pub clients: Vec<LaneClients>,
     /// The headers every request to a backend carries (same index as `snapshot.backends`).
     pub stamps: Vec<Vec<provider::Header>>,
+    /// The Entra ID token cache of each backend that has an identity (same index).
+    pub credentials: crate::identity::Credentials,
     /// What to take out of each backend's answers: its own credential (same index).
     redactions: Vec<Option<Arc<Redaction>>>,
     /// Each backend's `x-onedoor-backend` and `x-onedoor-region` values, made once.
@@ -58,6 +60,7 @@ impl Runtime {
     pub fn new(snapshot: Arc<Snapshot>, state: Arc<Store>) -> Self {
         let clients = snapshot.backends.iter().map(LaneClients::new).collect();
         let stamps = snapshot.backends.iter().map(provider::stamp).collect();
+        let credentials = crate::identity::Credentials::new(&snapshot, None);
         let redactions = snapshot
             .backends
             .iter()
@@ -87,6 +90,7 @@ impl Runtime {
             snapshot,
             clients,
             stamps,
+            credentials,
             redactions,
             answered_by,
             uris,
@@ -110,6 +114,8 @@ impl Runtime {
     /// unchanged) its upstream client and pool.
     pub fn next(&self, snapshot: Arc<Snapshot>) -> Runtime {
         let mut next = Runtime::new(snapshot, self.state.clone());
+        next.credentials =
+            crate::identity::Credentials::new(&next.snapshot, Some(&self.credentials));
         next.fleet = Fleet::next(&next.snapshot, &self.fleet, &self.snapshot);
         next.breakers = Breakers::new(&next.snapshot, Some(&self.breakers), self.state.clone());
         next.recorder = crate::recording::carry_over(&self.recorder, &next.snapshot);

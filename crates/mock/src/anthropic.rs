@@ -18,6 +18,8 @@ pub struct Anthropic;
 
 impl Wire for Anthropic {
     fn route(&self, method: &Method, path: &str, _query: Option<&str>) -> Result<Route, Reject> {
+        // Azure AI Foundry serves the same API under `/anthropic`.
+        let path = path.strip_prefix("/anthropic").unwrap_or(path);
         if method != Method::POST || path != "/v1/messages" {
             return Err(Reject::NoRoute);
         }
@@ -29,7 +31,10 @@ impl Wire for Anthropic {
     }
 
     fn check_headers(&self, headers: &HeaderMap, key: Option<&str>) -> Result<(), Reject> {
-        let presented = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        // Azure AI Foundry also takes the key as `api-key`.
+        let presented = ["x-api-key", "api-key"]
+            .into_iter()
+            .find_map(|name| headers.get(name)?.to_str().ok());
         dialect::check_key(key, presented)?;
         if !headers.contains_key("anthropic-version") {
             let message = "anthropic-version: header is required".to_owned();
@@ -56,6 +61,10 @@ impl Wire for Anthropic {
             Reject::Unauthorized(Some(_)) => {
                 (StatusCode::UNAUTHORIZED, "invalid x-api-key".to_owned())
             }
+            Reject::TokenRefused { audience, .. } => (
+                StatusCode::UNAUTHORIZED,
+                format!("Access token is missing, invalid, audience is incorrect ({audience}), or have expired."),
+            ),
             Reject::UnknownDeployment(model) => (StatusCode::NOT_FOUND, format!("model: {model}")),
             Reject::Missing(field) => (StatusCode::BAD_REQUEST, format!("{field}: Field required")),
             Reject::Invalid(message) => (StatusCode::BAD_REQUEST, message.clone()),

@@ -67,6 +67,11 @@ impl Wire for Azure {
         match reject {
             Reject::NoRoute => azure_error(StatusCode::NOT_FOUND, "404", "Resource not found"),
             Reject::Unauthorized(_) => unauthorized(),
+            Reject::TokenRefused { audience, .. } => azure_error(
+                StatusCode::UNAUTHORIZED,
+                "401",
+                &format!("Access token is missing, invalid, audience is incorrect ({audience}), or have expired."),
+            ),
             Reject::UnknownDeployment(_) => deployment_not_found(),
             Reject::Missing(field) => openai::missing(field),
             Reject::Invalid(message) => (

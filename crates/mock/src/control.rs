@@ -18,6 +18,11 @@ pub fn answer(shared: &Shared, parts: &Parts, body: &[u8]) -> Response<Body> {
         (&Method::GET, "stats") => plain_json(StatusCode::OK, &stats(shared)),
         (&Method::GET, "last_request") => plain_json(StatusCode::OK, &shared.last_request()),
         (&Method::PUT, "behavior") => with_behavior(body, |b| shared.set_behavior(b)),
+        (&Method::POST, "revoke-tokens") => {
+            let now = crate::identity::unix_now_ms();
+            shared.tokens_not_before_ms.store(now, Ordering::Relaxed);
+            plain_json(StatusCode::OK, &json!({"tokens_not_before_ms": now}))
+        }
         (&Method::POST, "reset") => {
             shared.reset_all();
             plain_json(StatusCode::OK, &stats(shared))
@@ -65,7 +70,7 @@ fn with_behavior(body: &[u8], apply: impl FnOnce(Behavior)) -> Response<Body> {
 }
 
 fn not_found() -> Response<Body> {
-    let routes = "GET /_mock/stats, GET /_mock/last_request, PUT /_mock/behavior, PUT /_mock/deployments/{d}/behavior, POST /_mock/reset";
+    let routes = "GET /_mock/stats, GET /_mock/last_request, PUT /_mock/behavior, PUT /_mock/deployments/{d}/behavior, POST /_mock/reset, POST /_mock/revoke-tokens";
     plain_json(
         StatusCode::NOT_FOUND,
         &json!({"error": format!("unknown control route; try {routes}")}),

@@ -35,6 +35,10 @@ pub enum Reject {
     NoRoute,
     /// The key presented, if any.
     Unauthorized(Option<String>),
+    /// A bearer token the endpoint does not take (its `entra_audience` expected).
+    TokenRefused {
+        audience: String,
+    },
     UnknownDeployment(String),
     Missing(&'static str),
     Invalid(String),

@@ -209,8 +209,7 @@ impl<'a> Exchange<'a> {
     fn judge(&self) -> Result<(Payload, Option<Snapshot>), Failure> {
         let route = self.route.as_ref().map_err(Clone::clone)?;
         self.faults()?;
-        self.wire
-            .check_headers(&self.parts.headers, self.shared.spec.api_key.as_deref())?;
+        self.credentials()?;
         if route.op == Op::Models {
             return Ok((Payload::Json(openai::models(self.shared)), None));
         }
@@ -247,6 +246,10 @@ impl<'a> Exchange<'a> {
             None if self.shared.roll_error(b.error_rate) => Err(Reject::Status(500).into()),
             None => Ok(()),
         }
+    }
+
+    fn credentials(&self) -> Result<(), Reject> {
+        crate::identity::check(self.shared, self.wire, &self.parts.headers)
     }
 
     fn deployment(&self) -> Result<&'a Deployment, Reject> {

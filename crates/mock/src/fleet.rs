@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 
+use crate::identity::IdentityServer;
 use crate::state::{lock, Shared};
 use crate::{server, Behavior, Dialect, EndpointSpec, RealtimeHandshake};
 
@@ -138,9 +139,10 @@ impl Drop for Endpoint {
     }
 }
 
-/// A set of running endpoints.
+/// A set of running endpoints, and the identity endpoint their tokens come from.
 pub struct Fleet {
     endpoints: Vec<Endpoint>,
+    identity: Option<IdentityServer>,
 }
 
 impl Fleet {
@@ -150,7 +152,20 @@ impl Fleet {
         for spec in specs {
             endpoints.push(Endpoint::start(spec).await?);
         }
-        Ok(Fleet { endpoints })
+        Ok(Fleet {
+            endpoints,
+            identity: None,
+        })
+    }
+
+    /// The fleet with an identity endpoint (started by the caller, stopped with the fleet).
+    pub fn with_identity(mut self, identity: IdentityServer) -> Fleet {
+        self.identity = Some(identity);
+        self
+    }
+
+    pub fn identity(&self) -> Option<&IdentityServer> {
+        self.identity.as_ref()
     }
 
     pub fn endpoint(&self, name: &str) -> Option<&Endpoint> {

@@ -4,8 +4,10 @@
 //!
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
 //! (`GET stats`, `GET last_request`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST
-//! reset`). Azure and OpenAI
-//! endpoints also accept realtime WebSocket sessions at their dialect's realtime URLs.
+//! reset`, `POST revoke-tokens`). Azure and OpenAI endpoints also accept realtime WebSocket
+//! sessions at their dialect's realtime URLs. A simulated Entra ID ([`IdentityServer`];
+//! `identity:` in the fleet YAML) issues the tokens that endpoints with an `entra_audience` take
+//! instead of a key.
 //!
 //! An [`Issuer`] simulates an OIDC identity provider whose tokens callers present to the gateway.
 
@@ -18,6 +20,7 @@ mod dispatch;
 mod embeddings;
 mod fleet;
 mod ident;
+mod identity;
 mod oidc;
 mod openai;
 mod quota;
@@ -35,6 +38,7 @@ mod yaml;
 
 pub use behavior::Behavior;
 pub use fleet::{refusing_port, Endpoint, Fleet};
+pub use identity::{IdentityBehavior, IdentityServer, IdentitySpec, TokenProblem};
 pub use oidc::{Issuer, Mint, DEFAULT_AUDIENCE};
 pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};

@@ -48,6 +48,7 @@ impl Wire for OpenAi {
         match reject {
             Reject::NoRoute => not_found(&format!("Invalid URL ({})", ctx.target)),
             Reject::Unauthorized(presented) => unauthorized(presented.as_deref()),
+            Reject::TokenRefused { .. } => unauthorized(Some("bearer-token")),
             Reject::UnknownDeployment(name) => model_not_found(name),
             Reject::Missing(field) => missing(field),
             Reject::Invalid(message) => invalid(message),

@@ -168,6 +168,10 @@ pub async fn handshake(
         .find_map(|p| p.strip_prefix(KEY_PROTOCOL))
         .map(str::to_owned);
     match (shared.spec.dialect, subprotocol_key) {
+        // An endpoint that takes Entra ID tokens checks the bearer token.
+        _ if shared.spec.entra_audience.is_some() => {
+            crate::identity::check(shared, wire, &parts.headers).map_err(refuse)?
+        }
         // Browsers that cannot set headers put the key in a subprotocol (OpenAI only).
         (Dialect::OpenAi, Some(key)) => {
             dialect::check_key(shared.spec.api_key.as_deref(), Some(&key)).map_err(refuse)?

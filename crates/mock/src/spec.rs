@@ -79,6 +79,10 @@ pub struct EndpointSpec {
     pub region: String,
     /// When set, requests must carry this key (in the dialect's header) or get a 401.
     pub api_key: Option<String>,
+    /// When set, `Authorization: Bearer` tokens from the mock identity endpoint for this
+    /// audience (`https://cognitiveservices.azure.com`) are taken, and checked; without an
+    /// `api_key` too, nothing else is (key authentication off, as enterprise policy has it).
+    pub entra_audience: Option<String>,
     pub deployments: Vec<DeploymentSpec>,
     /// The behaviour the endpoint starts with, and returns to on `POST /_mock/reset`.
     pub behavior: Behavior,
@@ -93,6 +97,7 @@ impl EndpointSpec {
             dialect,
             region: region.to_owned(),
             api_key: None,
+            entra_audience: None,
             deployments: Vec::new(),
             behavior: Behavior::default(),
             listen: None,
@@ -118,6 +123,12 @@ impl EndpointSpec {
 
     pub fn api_key(mut self, key: &str) -> Self {
         self.api_key = Some(key.to_owned());
+        self
+    }
+
+    /// Takes Entra ID tokens for `audience` (see [`EndpointSpec::entra_audience`]).
+    pub fn entra(mut self, audience: &str) -> Self {
+        self.entra_audience = Some(audience.to_owned());
         self
     }
 

@@ -37,6 +37,8 @@ pub struct Shared {
     overrides: Mutex<HashMap<String, Behavior>>,
     /// Requests seen under a nonzero error_rate, so failures are spread evenly rather than random.
     error_ticks: AtomicU64,
+    /// Bearer tokens issued before this (Unix ms) are refused: `POST /_mock/revoke-tokens`.
+    pub tokens_not_before_ms: AtomicU64,
     /// Ids of the Responses API answers this endpoint stored.
     responses: Mutex<HashSet<String>>,
     /// The last model request: its headers and its body as it arrived, for tests to read.
@@ -63,6 +65,7 @@ impl Shared {
             realtime: RealtimeCounters::default(),
             overrides: Mutex::default(),
             error_ticks: AtomicU64::new(0),
+            tokens_not_before_ms: AtomicU64::new(0),
             responses: Mutex::default(),
             last_request: Mutex::default(),
             prompt_cache: Mutex::default(),

@@ -9,7 +9,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::{Behavior, DeploymentSpec, Dialect, EndpointSpec, Fleet, Issuer};
+use crate::{
+    Behavior, DeploymentSpec, Dialect, EndpointSpec, Fleet, IdentityServer, IdentitySpec, Issuer,
+};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,6 +20,7 @@ struct FleetFile {
     /// Simulated OIDC issuers (`oidc.rs`).
     #[serde(default)]
     issuers: Vec<IssuerEntry>,
+    identity: Option<IdentityEntry>,
 }
 
 #[derive(Deserialize)]
@@ -25,6 +28,16 @@ struct FleetFile {
 struct IssuerEntry {
     name: String,
     listen: Option<SocketAddr>,
+}
+
+/// The simulated Entra ID endpoint, when the fleet has one.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdentityEntry {
+    listen: Option<SocketAddr>,
+    lifetime_s: Option<u64>,
+    client_secret: Option<String>,
+    identity_header: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -36,6 +49,7 @@ struct EndpointEntry {
     region: String,
     listen: Option<SocketAddr>,
     api_key: Option<String>,
+    entra_audience: Option<String>,
     #[serde(default)]
     deployments: Vec<DeploymentEntry>,
     #[serde(default)]
@@ -58,16 +72,10 @@ fn default_region() -> String {
     "local".to_owned()
 }
 
-fn fleet_file(text: &str) -> Result<FleetFile, String> {
-    let docs = YamlLoader::load_from_str(text).map_err(|e| format!("mock fleet YAML: {e}"))?;
-    let doc = docs.first().ok_or("mock fleet YAML: empty document")?;
-    serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))
-}
-
 /// Starts the `issuers` of a fleet description, each with its name.
 pub async fn issuers_from_yaml(text: &str) -> Result<Vec<(String, Issuer)>, String> {
     let mut issuers = Vec::new();
-    for entry in fleet_file(text)?.issuers {
+    for entry in read(text)?.issuers {
         let issuer = Issuer::start(entry.listen)
             .await
             .map_err(|e| format!("issuer {}: {e}", entry.name))?;
@@ -78,7 +86,7 @@ pub async fn issuers_from_yaml(text: &str) -> Result<Vec<(String, Issuer)>, Stri
 
 /// Parses a mock fleet description into endpoint specs.
 pub fn specs_from_yaml(text: &str) -> Result<Vec<EndpointSpec>, String> {
-    let file = fleet_file(text)?;
+    let file = read(text)?;
     Ok(file
         .endpoints
         .into_iter()
@@ -86,10 +94,35 @@ pub fn specs_from_yaml(text: &str) -> Result<Vec<EndpointSpec>, String> {
         .collect())
 }
 
-/// Parses a fleet description and starts it.
+fn read(text: &str) -> Result<FleetFile, String> {
+    let docs = YamlLoader::load_from_str(text).map_err(|e| format!("mock fleet YAML: {e}"))?;
+    let doc = docs.first().ok_or("mock fleet YAML: empty document")?;
+    serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))
+}
+
+/// Parses a fleet description and starts it (with its identity endpoint, if it has one).
 pub async fn run_from_yaml(text: &str) -> Result<Fleet, String> {
-    let specs = specs_from_yaml(text)?;
-    Fleet::start(specs).await.map_err(|e| e.to_string())
+    let file = read(text)?;
+    let specs = file
+        .endpoints
+        .into_iter()
+        .map(EndpointEntry::into_spec)
+        .collect();
+    let fleet = Fleet::start(specs).await.map_err(|e| e.to_string())?;
+    let Some(entry) = file.identity else {
+        return Ok(fleet);
+    };
+    let defaults = IdentitySpec::default();
+    let spec = IdentitySpec {
+        lifetime_s: entry.lifetime_s.unwrap_or(defaults.lifetime_s),
+        client_secret: entry.client_secret,
+        identity_header: entry.identity_header.unwrap_or(defaults.identity_header),
+        listen: entry.listen,
+    };
+    let identity = IdentityServer::start(spec)
+        .await
+        .map_err(|e| format!("mock identity endpoint: {e}"))?;
+    Ok(fleet.with_identity(identity))
 }
 
 impl EndpointEntry {
@@ -99,6 +132,7 @@ impl EndpointEntry {
             dialect: self.dialect,
             region: self.region,
             api_key: self.api_key,
+            entra_audience: self.entra_audience,
             deployments: self
                 .deployments
                 .into_iter()
@@ -171,12 +205,16 @@ endpoints:
   - name: claude
     dialect: anthropic
     deployments: [{ name: claude-sonnet-4-5 }]
+  - name: keyless
+    dialect: azure
+    entra_audience: https://cognitiveservices.azure.com
+identity: { lifetime_s: 300, client_secret: s }
 "#;
 
     #[test]
     fn reads_the_documented_format() {
         let specs = specs_from_yaml(SAMPLE).unwrap();
-        assert_eq!(specs.len(), 2);
+        assert_eq!(specs.len(), 3);
         let azure = &specs[0];
         assert_eq!(azure.dialect, Dialect::Azure);
         assert_eq!(azure.listen, Some("127.0.0.1:8101".parse().unwrap()));
@@ -192,6 +230,22 @@ endpoints:
         );
         assert_eq!(specs[1].deployments[0].model, "claude-sonnet-4-5");
         assert_eq!(specs[1].region, "local");
+        assert_eq!(
+            specs[2].entra_audience.as_deref(),
+            Some("https://cognitiveservices.azure.com")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_fleet_file_may_start_an_identity_endpoint() {
+        let fleet = run_from_yaml("endpoints: []\nidentity: { lifetime_s: 60 }\n")
+            .await
+            .unwrap();
+        assert!(fleet
+            .identity()
+            .unwrap()
+            .imds_url()
+            .starts_with("http://127.0.0.1:"));
     }
 
     #[test]

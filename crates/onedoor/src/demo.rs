@@ -1,13 +1,15 @@
 //! `onedoor demo`: a simulated fleet on loopback (subscriptions in several regions, one throttled,
-//! one down, an Anthropic endpoint), a simulated OIDC issuer whose tokens the demo tenant's
-//! application may present instead of its key, and the gateway in front of it all, on an
-//! embedded config.
+//! one down, one reached only with the gateway's Entra ID token, an Anthropic endpoint and Claude
+//! on Azure AI Foundry), a simulated Entra ID for the gateway's own tokens, a simulated OIDC
+//! issuer whose tokens the demo tenant's application may present instead of its key, and the
+//! gateway in front of it all, on an embedded config.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use onedoor_mock::{
-    refusing_port, Behavior, DeploymentSpec, EndpointSpec, Fleet, Issuer, DEFAULT_AUDIENCE,
+    refusing_port, Behavior, DeploymentSpec, EndpointSpec, Fleet, IdentityServer, IdentitySpec,
+    Issuer, DEFAULT_AUDIENCE,
 };
 
 use crate::keys::{new_key, sha256_hex};
@@ -16,6 +18,8 @@ use crate::{problems_text, stopped, Failure};
 /// Where the demo records usage: the gateway's default file, so `onedoor usage report` without
 /// flags reads it.
 const DEMO_USAGE_FILE: &str = "onedoor-usage.db";
+/// The simulated Entra ID's tokens live two minutes, so the gateway's refresh is seen at work.
+const DEMO_TOKEN_LIFETIME_S: u64 = 120;
 
 /// Upstreams that answer like real ones: a first token after a pause, then a steady trickle.
 fn lifelike() -> Behavior {
@@ -32,7 +36,9 @@ fn fleet_specs() -> Vec<EndpointSpec> {
     let embed = || DeploymentSpec::new("text-embedding-3-large");
     let realtime = || DeploymentSpec::new("gpt-4o-realtime").model("gpt-4o-realtime-preview");
     vec![
+        // Key authentication off, as enterprise policy has it: only the gateway's token passes.
         EndpointSpec::azure("sub1-swedencentral-ptu", "swedencentral")
+            .entra("https://cognitiveservices.azure.com")
             .deployment(gpt4o())
             .deployment(embed())
             .deployment(realtime()),
@@ -56,6 +62,11 @@ fn fleet_specs() -> Vec<EndpointSpec> {
         EndpointSpec::anthropic("anthropic-eu", "europe").deployment(
             DeploymentSpec::new("claude-sonnet-4-5").model("claude-sonnet-4-5-20250929"),
         ),
+        EndpointSpec::anthropic("foundry-claude-swedencentral", "swedencentral")
+            .entra("https://ai.azure.com")
+            .deployment(
+                DeploymentSpec::new("claude-sonnet-4-5").model("claude-sonnet-4-5-20250929"),
+            ),
     ]
     .into_iter()
     .map(|spec| match spec.behavior == Behavior::default() {
@@ -81,7 +92,11 @@ fn config_yaml(
     admin_token: &str,
 ) -> String {
     let azure = |name: &str, region: &str, url: &str| {
-        format!("  - {{ name: {name}, provider: azure, region: {region}, url: \"{url}\", api_version: 2024-10-21, circuit_breaker: default }}\n")
+        let credential = match name {
+            "sub1-swedencentral-ptu" => ", identity: gateway",
+            _ => "",
+        };
+        format!("  - {{ name: {name}, provider: azure, region: {region}, url: \"{url}\", api_version: 2024-10-21, circuit_breaker: default{credential} }}\n")
     };
     let mut backends = String::new();
     for (name, region) in [
@@ -104,6 +119,12 @@ fn config_yaml(
         "  - {{ name: anthropic-eu, provider: anthropic, region: europe, url: \"{}\" }}",
         url(fleet, "anthropic-eu")
     );
+    let _ = writeln!(
+        backends,
+        "  - {{ name: foundry-claude-swedencentral, provider: anthropic, region: swedencentral, url: \"{}/anthropic\", identity: gateway, scope: https://ai.azure.com/.default }}",
+        url(fleet, "foundry-claude-swedencentral")
+    );
+    let imds = fleet.identity().map(|i| i.imds_url()).unwrap_or_default();
     format!(
         r#"listen: 127.0.0.1:{port}
 admin: {{ listen: 127.0.0.1:0, token: "{admin_token}" }}
@@ -118,6 +139,8 @@ circuit_breakers:
       - {{ name: unreachable, failures: {{ count: 2, within: 30s, status: [connect_error, timeout] }}, trip: 30s }}
       - {{ name: server-errors, failures: {{ count: 5, within: 60s, status: [500-599] }}, trip: 15s }}
       - {{ name: throttled, failures: {{ count: 1, within: 10s, status: [429] }}, trip: 5s, accept_retry_after: true }}
+identities:
+  gateway: {{ kind: managed_identity, endpoint: "{imds}" }}
 regions:
   eu: [swedencentral, francecentral, norwayeast, westeurope]
   us: [eastus, eastus2]
@@ -146,6 +169,9 @@ backends:
   - name: claude
     targets:
       - {{ backend: anthropic-eu, model: claude-sonnet-4-5 }}
+  - name: claude-foundry
+    targets:
+      - {{ backend: foundry-claude-swedencentral, model: claude-sonnet-4-5 }}
   - name: voice-default
     targets:
       - {{ backend: sub1-swedencentral-ptu, deployment: gpt-4o-realtime, priority: 1 }}
@@ -187,6 +213,11 @@ curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY
 curl -sN $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"chat-default","stream":true,"messages":[{{"role":"user","content":"Hello"}}]}}'
 
 curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"gpt-4.1","messages":[{{"role":"user","content":"Which endpoint serves gpt-4.1?"}}]}}'
+
+The gateway reaches sub1-swedencentral-ptu and Claude on Azure AI Foundry with its own Entra ID
+token (a managed identity, here from the simulated Entra ID; refreshed before it expires):
+
+curl -si $ONEDOOR_URL/v1/chat/completions -H "Authorization: Bearer $ONEDOOR_KEY" -H 'content-type: application/json' -d '{{"model":"claude-foundry","messages":[{{"role":"user","content":"Hello from Foundry"}}]}}'
 
 A stream that the upstream cuts midway ends with an explicit error event (chat-flaky); on an
 alias that continues cut streams, another backend finishes the answer from what was sent (chat-resilient):
@@ -294,9 +325,15 @@ Ctrl-C stops it all.
 
 pub async fn run(port: u16) -> Result<(), Failure> {
     onedoor_gateway::configure_idle_poll().map_err(Failure::BadInput)?;
+    let cannot =
+        |e: std::io::Error| Failure::Runtime(format!("cannot start the simulated fleet: {e}"));
+    let identity = IdentityServer::start(IdentitySpec::default().lifetime_s(DEMO_TOKEN_LIFETIME_S))
+        .await
+        .map_err(cannot)?;
     let fleet = Fleet::start(fleet_specs())
         .await
-        .map_err(|e| Failure::Runtime(format!("cannot start the simulated fleet: {e}")))?;
+        .map_err(cannot)?
+        .with_identity(identity);
     let issuer = Issuer::start(None)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot start the simulated issuer: {e}")))?;
@@ -331,6 +368,13 @@ pub async fn run(port: u16) -> Result<(), Failure> {
     );
     for endpoint in fleet.endpoints() {
         println!("  {:<28} {}", endpoint.name(), endpoint.url());
+    }
+    if let Some(identity) = fleet.identity() {
+        println!(
+            "  {:<28} {} (sub1-swedencentral-ptu and foundry-claude-swedencentral take only its tokens)",
+            "entra-id (simulated)",
+            identity.authority()
+        );
     }
     println!("  {:<28} {} (OIDC issuer)", "entra-id-issuer", issuer.url());
     let url = format!("http://{}", running.addr());

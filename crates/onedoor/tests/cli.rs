@@ -117,6 +117,44 @@ fn validate_summarises_a_good_config_without_its_secrets() {
     assert!(!stdout.contains("secret-value"), "{stdout}");
 }
 
+const IDENTITY_MISTAKES: &str = r#"identities:
+  gateway: { kind: managed_identity }
+  ci: { kind: certificate }
+  sp: { kind: client_secret, tenant_id: t, client_id: c, client_secret: "sp-secret-value", authority: "http://login.example.com" }
+backends:
+  - { name: a, provider: azure, region: se, url: "https://a.example", identity: nobody }
+  - { name: b, provider: azure, region: se, url: "https://b.example", api_key: "b-secret-value", identity: gateway }
+"#;
+
+#[test]
+fn validate_locates_identity_mistakes_without_quoting_secrets() {
+    let path = temp_file("identities", IDENTITY_MISTAKES);
+    let output = onedoor()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .env_remove("AZURE_AUTHORITY_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let file = path.display().to_string();
+    let expected = [
+        format!("{file}:3:15: expected one of managed_identity, workload_identity, client_secret"),
+        format!("{file}:4:103: the authority must be an https URL"),
+        format!("{file}:6:81: unknown identity \"nobody\" (known: gateway)"),
+        format!("{file}:7:98: a backend has api_key or identity, not both"),
+    ];
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(
+            line.starts_with(expected.as_str()),
+            "{line}\nexpected {expected}"
+        );
+    }
+    assert!(!stdout.contains("secret-value"), "{stdout}");
+}
+
 #[test]
 fn keys_new_prints_a_key_and_its_sha256() {
     let output = onedoor().args(["keys", "new"]).output().unwrap();

@@ -1,26 +1,37 @@
 //! Azure OpenAI: the deployment is in the path, the version in the query, the key in `api-key`.
 //! The body's `model` is ignored by Azure, so the client's body goes out as it came (a chat
 //! stream asks for its usage). The Responses API is only on the v1 surface
-//! (`/openai/v1/responses`), where the body's `model` names the deployment.
+//! (`/openai/v1/responses`), where the body's `model` names the deployment; a backend with
+//! `azure_api: v1` takes every operation there.
 
 use bytes::Bytes;
-use onedoor_config::Backend;
+use onedoor_config::{AzureApi, Backend};
 
 use super::openai_body;
 use crate::request::{ClientRequest, Operation};
 
 /// The body an Azure deployment gets for `request`: on the Responses API the deployment is the
 /// body's `model`; elsewhere the deployment is in the URL ([`url`]).
-pub fn body(deployment: &str, operation: Operation, request: &ClientRequest) -> Bytes {
-    match operation {
-        Operation::Responses => openai_body(request, Some(deployment), operation),
-        _ => openai_body(request, None, operation),
+pub fn body(
+    backend: &Backend,
+    deployment: &str,
+    operation: Operation,
+    request: &ClientRequest,
+) -> Bytes {
+    match on_v1(backend, operation) {
+        true => openai_body(request, Some(deployment), operation),
+        false => openai_body(request, None, operation),
     }
+}
+
+/// Whether `operation` goes to the v1 surface, where the body names the deployment.
+fn on_v1(backend: &Backend, operation: Operation) -> bool {
+    operation == Operation::Responses || backend.azure_api == AzureApi::V1
 }
 
 /// The URL of `operation` on `deployment`.
 pub fn url(backend: &Backend, deployment: &str, operation: Operation) -> String {
-    if operation == Operation::Responses {
+    if on_v1(backend, operation) {
         return format!("{}/openai/v1/{}", backend.url, operation.path());
     }
     format!(

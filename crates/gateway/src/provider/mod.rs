@@ -193,7 +193,7 @@ pub fn build(
         }
     }
     let body = match (backend.provider, native) {
-        (Provider::Azure, _) => azure::body(deployment, operation, request),
+        (Provider::Azure, _) => azure::body(backend, deployment, operation, request),
         (Provider::OpenAi, _) => openai_body(request, Some(deployment), operation),
         (Provider::Anthropic, Some(native)) => with_model(&native.body, deployment),
         (Provider::Anthropic, None) => anthropic::body(deployment, request)?,

@@ -70,6 +70,12 @@ pub async fn connect(
         .get(candidate.backend)
         .map_or(&[][..], Vec::as_slice);
     headers(request.headers_mut(), stamp, ask);
+    if let Some(tokens) = runtime.credentials.of(candidate.backend) {
+        let token = tokens.header(deadline).await?;
+        request
+            .headers_mut()
+            .insert(http::header::AUTHORIZATION, token);
+    }
     if let Some(traceparent) = traceparent {
         traceparent.stamp(request.headers_mut());
     }

@@ -643,7 +643,10 @@ impl Failed {
                     Verdict::ContextTooLong => "context_length_exceeded",
                     Verdict::CredentialRejected => "credential_rejected",
                     Verdict::ClientError => "client_error",
-                    Verdict::Transient | Verdict::TimedOut | Verdict::OutOfTime => "upstream_error",
+                    Verdict::Transient
+                    | Verdict::TimedOut
+                    | Verdict::OutOfTime
+                    | Verdict::AuthUnavailable => "upstream_error",
                 };
                 format!("{} {why}", status.as_u16())
             }
@@ -652,6 +655,7 @@ impl Failed {
             Failure::ConnectTimeout => "connect_timeout".to_owned(),
             Failure::FirstTokenTimeout => "first_token_timeout".to_owned(),
             Failure::Timeout => "timeout".to_owned(),
+            Failure::AuthUnavailable(_) => "auth_unavailable".to_owned(),
         };
         let status = match failure {
             Failure::Status { status, .. } => Some(status.as_u16()),

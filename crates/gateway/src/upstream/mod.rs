@@ -88,6 +88,9 @@ pub enum Failure {
     FirstTokenTimeout,
     /// The request's total time ran out.
     Timeout,
+    /// No credential could be had for the backend: its identity's token endpoint is failing.
+    /// Nothing was sent.
+    AuthUnavailable(String),
     /// The upstream answered with a non-success status; its body has been read.
     Status {
         status: StatusCode,
@@ -100,7 +103,9 @@ impl Failure {
     /// What went wrong at the transport level, for logs (never a body, which may echo a prompt).
     pub fn detail(&self) -> &str {
         match self {
-            Failure::ConnectError(detail) | Failure::Reset(detail) => detail,
+            Failure::ConnectError(detail)
+            | Failure::Reset(detail)
+            | Failure::AuthUnavailable(detail) => detail,
             Failure::ConnectTimeout => "connect timeout",
             Failure::FirstTokenTimeout => "first token timeout",
             Failure::Timeout => "total timeout",
@@ -115,6 +120,7 @@ impl Failure {
             Failure::Reset(_) => "reset".into(),
             Failure::ConnectTimeout | Failure::Timeout => "timeout".into(),
             Failure::FirstTokenTimeout => "first_token_timeout".into(),
+            Failure::AuthUnavailable(_) => "auth_unavailable".into(),
             Failure::Status { status, .. } => status.as_u16().to_string().into(),
         }
     }

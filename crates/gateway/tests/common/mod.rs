@@ -79,8 +79,17 @@ impl Harness {
     /// unless the config has its own `tenants:`.
     pub async fn start(specs: Vec<EndpointSpec>, config: &str) -> Harness {
         let fleet = Fleet::start(specs).await.expect("fleet starts");
+        Harness::start_with(fleet, config, &|_| None).await
+    }
+
+    /// Like `start`, on a fleet already started, the config read with `env` as its environment.
+    pub async fn start_with(
+        fleet: Fleet,
+        config: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Harness {
         let yaml = render(&fleet, config);
-        let snapshot = match onedoor_config::parse(&yaml, Path::new("test.yaml"), &|_| None) {
+        let snapshot = match onedoor_config::parse(&yaml, Path::new("test.yaml"), env) {
             Ok(snapshot) => snapshot,
             Err(problems) => panic!("test config invalid: {problems:#?}\n{yaml}"),
         };
