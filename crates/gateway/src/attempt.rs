@@ -218,7 +218,10 @@ impl Continuation {
         while !self.fallbacks.is_empty() {
             let candidate = self.fallbacks.remove(0);
             let breakers = &self.dispatch.runtime.breakers;
-            let probe = match breakers.admit(candidate.backend, now_ms()).await {
+            let admission = breakers
+                .admit(candidate.backend, &candidate.deployment, now_ms())
+                .await;
+            let probe = match admission {
                 Admission::Open { .. } => continue,
                 Admission::Closed => None,
                 Admission::Probe(permit) => Some(permit),
@@ -249,8 +252,9 @@ impl Continuation {
             match probe {
                 Some(permit) => permit.settle(&observed, now_ms()).await,
                 None => {
+                    let deployment = &candidate.deployment;
                     breakers
-                        .record(candidate.backend, &observed, now_ms())
+                        .record(candidate.backend, deployment, &observed, now_ms())
                         .await
                 }
             }
