@@ -737,6 +737,7 @@ mod tests {
             attempts: String::new(),
             stream: true,
             stream_cut: false,
+            error: None,
         }
     }
 

@@ -85,7 +85,10 @@ fn validate_locates_a_breaker_rules_bad_scope_and_backoff() {
     let expected = [
         (7, "expected one of target, backend, found \"endpoint\""),
         (8, "a backoff factor must be at least 1"),
-        (8, "the backoff max (5s) is shorter than the rule's trip (30s)"),
+        (
+            8,
+            "the backoff max (5s) is shorter than the rule's trip (30s)",
+        ),
     ];
     assert_eq!(lines.len(), expected.len(), "{stdout}");
     for (line, (number, words)) in lines.iter().zip(expected) {

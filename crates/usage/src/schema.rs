@@ -33,6 +33,8 @@ pub const MIGRATIONS: &[&str] = &[
         stream_cut BOOLEAN NOT NULL
     );
     CREATE INDEX usage_records_at ON usage_records (at_ms);",
+    // 2: the error code a request ended with.
+    "ALTER TABLE usage_records ADD COLUMN error TEXT;",
 ];
 
 /// The version a store is at once every migration is applied.
@@ -69,6 +71,7 @@ pub const COLUMNS: &[&str] = &[
     "attempt_trail",
     "stream",
     "stream_cut",
+    "error",
 ];
 
 /// An insert of `rows` records that keeps the row already there for a request id;
@@ -121,6 +124,7 @@ pub struct Row<'a> {
     pub attempt_trail: &'a str,
     pub stream: bool,
     pub stream_cut: bool,
+    pub error: Option<&'a str>,
 }
 
 impl<'a> Row<'a> {
@@ -148,6 +152,7 @@ impl<'a> Row<'a> {
             attempt_trail: &record.attempts,
             stream: record.stream,
             stream_cut: record.stream_cut,
+            error: record.error.as_deref(),
         }
     }
 }
@@ -160,9 +165,9 @@ mod tests {
     fn an_insert_numbers_every_parameter_and_keeps_existing_rows() {
         let sql = insert(2, |n| format!("${n}"));
         assert!(sql.contains("($1, $2,"), "{sql}");
-        assert!(sql.contains("$22), ($23,"), "{sql}");
+        assert!(sql.contains("$23), ($24,"), "{sql}");
         assert!(
-            sql.ends_with("$44) ON CONFLICT (request_id) DO NOTHING"),
+            sql.ends_with("$46) ON CONFLICT (request_id) DO NOTHING"),
             "{sql}"
         );
     }
