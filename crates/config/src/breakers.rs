@@ -1,9 +1,12 @@
 //! The `circuit_breakers` section: named policies, each a list of rules saying which failures count,
-//! how many (or what share) within a window trip the breaker, and for how long.
+//! how many (or what share) within a window trip the breaker, for how long, against what (a
+//! target or its whole backend) and how failed probes back off.
 
 use std::collections::HashMap;
 
-use crate::model::{BreakerPolicy, BreakerRule, FailureKind, FailureThreshold};
+use crate::model::{
+    BreakerBackoff, BreakerPolicy, BreakerRule, BreakerScope, FailureKind, FailureThreshold,
+};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
 use crate::tree::Node;
@@ -43,7 +46,18 @@ fn rules(node: &Node, p: &mut Problems) -> Vec<BreakerRule> {
     let mut seen: Vec<(&str, Mark)> = Vec::new();
     let mut rules = Vec::with_capacity(items.len());
     for item in items {
-        let f = Fields::new(item, &["name", "failures", "trip", "accept_retry_after"], p);
+        let f = Fields::new(
+            item,
+            &[
+                "name",
+                "failures",
+                "trip",
+                "accept_retry_after",
+                "scope",
+                "backoff",
+            ],
+            p,
+        );
         let name_node = f.required("name", p);
         let name = name_node.and_then(|n| read::name(n, p));
         if let (Some(name), Some(n)) = (name, name_node) {
@@ -59,19 +73,59 @@ fn rules(node: &Node, p: &mut Problems) -> Vec<BreakerRule> {
             Some(n) => failures(n, p),
             None => (FailureThreshold::Count(1), Default::default(), Vec::new()),
         };
+        let trip = f
+            .required("trip", p)
+            .and_then(|n| read::positive_duration(n, p));
         rules.push(BreakerRule {
             name: name.unwrap_or_default().to_owned(),
             threshold,
             within,
             status,
-            trip: f
-                .required("trip", p)
-                .and_then(|n| read::positive_duration(n, p))
-                .unwrap_or_default(),
+            trip: trip.unwrap_or_default(),
             accept_retry_after: f.bool("accept_retry_after", p).unwrap_or(false),
+            scope: f.get("scope").and_then(|n| read::choice(n, SCOPES, p)),
+            backoff: f
+                .get("backoff")
+                .map_or(BreakerBackoff::DEFAULT, |n| backoff(n, trip, p)),
         });
     }
     rules
+}
+
+const SCOPES: &[(&str, BreakerScope)] = &[
+    ("target", BreakerScope::Target),
+    ("backend", BreakerScope::Backend),
+];
+
+/// `backoff: { factor, max }`, each defaulting to [`BreakerBackoff::DEFAULT`]'s.
+fn backoff(node: &Node, trip: Option<std::time::Duration>, p: &mut Problems) -> BreakerBackoff {
+    let f = Fields::new(node, &["factor", "max"], p);
+    let mut backoff = BreakerBackoff::DEFAULT;
+    if let Some(n) = f.get("factor") {
+        match read::non_negative(n, p) {
+            Some(x) if (1.0..=100.0).contains(&x) => backoff.factor = x,
+            Some(_) => p.at(
+                n.mark,
+                "a backoff factor must be at least 1 (1: no backoff) and at most 100",
+            ),
+            None => {}
+        }
+    }
+    if let Some(n) = f.get("max") {
+        match (read::positive_duration(n, p), trip) {
+            (Some(max), Some(trip)) if max < trip => p.at(
+                n.mark,
+                format!(
+                    "the backoff max ({}) is shorter than the rule's trip ({})",
+                    humantime::format_duration(max),
+                    humantime::format_duration(trip)
+                ),
+            ),
+            (Some(max), _) => backoff.max = max,
+            (None, _) => {}
+        }
+    }
+    backoff
 }
 
 /// `failures: { count | percent + min_requests, within, status }`.
@@ -230,6 +284,11 @@ mod breaker_tests {
         trip: 30s
       - name: a
         failures: { count: 2, min_requests: 5, within: 1m, status: [teapot] }
+      - name: b
+        failures: { count: 1, within: 1m, status: [429] }
+        trip: 30s
+        scope: deployment
+        backoff: { factor: 0.5, max: 10s, jitter: 1 }
   empty: { rules: [] }
   none: {}
 ",
@@ -242,8 +301,12 @@ mod breaker_tests {
                 "7:15: duplicate rule name \"a\" (first defined at 4:15)",
                 "8:31: min_requests applies only with percent",
                 "8:69: expected a status code (429), a range (500-599), connect_error or timeout, found \"teapot\"",
-                "9:19: a circuit breaker needs at least one rule",
-                "10:9: circuit breaker \"none\" needs rules",
+                "12:16: expected one of target, backend, found \"deployment\"",
+                "13:28: a backoff factor must be at least 1 (1: no backoff) and at most 100",
+                "13:38: the backoff max (10s) is shorter than the rule's trip (30s)",
+                "13:43: unknown key \"jitter\" (expected one of: factor, max)",
+                "14:19: a circuit breaker needs at least one rule",
+                "15:9: circuit breaker \"none\" needs rules",
             ]
         );
     }

@@ -355,6 +355,31 @@ pub enum FailureThreshold {
     Percent { percent: f64, min_requests: u32 },
 }
 
+/// What a counted failure is held against: one target (backend and deployment or model), or the
+/// whole backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerScope {
+    Target,
+    Backend,
+}
+
+/// How a failed probe re-opens: the rule's `trip` times `factor` for each consecutive failed
+/// probe, at most `max` (and never less than `trip`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerBackoff {
+    pub factor: f64,
+    pub max: Duration,
+}
+
+impl BreakerBackoff {
+    /// `backoff: { factor: 2, max: 30s }`: a target that recovers is probed again, and back,
+    /// within 30 s (or its `trip`, when longer).
+    pub const DEFAULT: BreakerBackoff = BreakerBackoff {
+        factor: 2.0,
+        max: Duration::from_secs(30),
+    };
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct BreakerRule {
     pub name: String,
@@ -363,6 +388,10 @@ pub struct BreakerRule {
     pub status: Vec<FailureKind>,
     pub trip: Duration,
     pub accept_retry_after: bool,
+    /// `None`: by the failure, HTTP statuses and response timeouts against the target,
+    /// connection failures and connect timeouts against the backend.
+    pub scope: Option<BreakerScope>,
+    pub backoff: BreakerBackoff,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -153,19 +153,33 @@ pub(crate) async fn backends(runtime: &Runtime) -> serde_json::Value {
     serde_json::json!({ "backends": list })
 }
 
-/// A backend's circuit breaker; one without `circuit_breaker:` is always closed.
+/// A backend's circuit breakers: its own (connection failures) and, in `targets`, each target's;
+/// one without `circuit_breaker:` is always closed.
 async fn breaker(runtime: &Runtime, backend: usize, now: u64) -> serde_json::Value {
     match runtime.breakers.view(backend, now).await {
-        Some(view) => serde_json::json!({
-            "state": view.state.as_str(),
-            "policy": view.policy,
-            "next_probe_in_ms": view.next_probe_in_ms,
-            "trips": view.trips,
-        }),
+        Some(view) => {
+            let mut own = circuit(&view.own);
+            own["policy"] = view.policy.into();
+            own["targets"] = view.targets.iter().map(circuit).collect();
+            own
+        }
         None => {
-            serde_json::json!({"state": "closed", "policy": null, "next_probe_in_ms": null, "trips": 0})
+            serde_json::json!({"state": "closed", "policy": null, "next_probe_in_ms": null, "trips": 0, "reopens": 0, "targets": []})
         }
     }
+}
+
+fn circuit(view: &crate::breaker::CircuitView) -> serde_json::Value {
+    let mut out = serde_json::json!({
+        "state": view.state.as_str(),
+        "next_probe_in_ms": view.next_probe_in_ms,
+        "trips": view.trips,
+        "reopens": view.reopens,
+    });
+    if let Some(deployment) = &view.deployment {
+        out["deployment"] = deployment.as_ref().into();
+    }
+    out
 }
 
 /// `POST /admin/backends/{name}/drain` or `/undrain`: in or out of rotation; requests already

@@ -1,6 +1,7 @@
 //! One attempt on one target: build the wire request, send it, then read a whole answer or open
 //! the stream up to its first content event; and the continuation of a cut stream (contract
-//! section 2.1, rule 5), which is an attempt with the text already sent as a prefill.
+//! section 2.1, rule 5): an attempt with the text already sent as a prefill, or, on a target
+//! that takes none, the request started over, whose answer must repeat that text first.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +22,7 @@ use crate::redaction;
 use crate::request::{ClientRequest, Operation};
 use crate::router::Candidate;
 use crate::runtime::Runtime;
-use crate::stream::{Continuer, Identity, Relay, StreamRules};
+use crate::stream::{Continuer, Continuing, Identity, Relay, StreamRules};
 use crate::surface::Dialect;
 use crate::telemetry::{Continued, StreamTrace};
 use crate::upstream::{self, Failure, LaneClients};
@@ -59,7 +60,7 @@ impl Dispatch {
         request: &ClientRequest,
         candidate: Candidate,
         deadline: Instant,
-        continuing: Option<Identity>,
+        continuing: Option<Continuing>,
     ) -> Result<Answer, Failure> {
         let runtime = &self.runtime;
         let unknown = || Failure::ConnectError("unknown backend".into());
@@ -139,8 +140,8 @@ impl Dispatch {
             let translator =
                 provider::events(backend, self.operation, request, created(now_ms()), pin);
             let relay = match continuing {
-                Some(identity) => {
-                    Relay::open_continuing(body, rules, first_token_by, identity, translator)
+                Some(continuing) => {
+                    Relay::open_continuing(body, rules, first_token_by, continuing, translator)
                         .await?
                 }
                 None => Relay::open(body, rules, first_token_by, translator).await?,
@@ -260,8 +261,10 @@ fn created(unix_ms: u64) -> u64 {
     unix_ms / 1000
 }
 
-/// The targets that may continue a cut stream: those that accept prefill, other than the one
-/// that was cut, in priority order, each asked at most once.
+/// The targets that may continue a cut stream, other than the one that was cut, in priority
+/// order, each asked at most once: one that accepts prefill continues from the text sent, any
+/// other is asked the request again and its answer is relayed only past that text, if it
+/// repeats it exactly.
 pub struct Continuation {
     pub dispatch: Dispatch,
     pub request: ClientRequest,
@@ -273,11 +276,20 @@ pub struct Continuation {
 
 impl Continuation {
     async fn next_relay(&mut self, sent: &str, identity: Identity) -> Option<Relay> {
-        let request = self.request.with_prefill(sent)?;
+        let prefilled = self.request.with_prefill(sent);
+        let sent: Arc<str> = Arc::from(sent);
         while !self.fallbacks.is_empty() {
             let candidate = self.fallbacks.remove(0);
+            let (request, repeat) = match (&prefilled, candidate.accepts_prefill) {
+                (Some(prefilled), true) => (prefilled, None),
+                (None, true) => continue,
+                (_, false) => (&self.request, Some(sent.clone())),
+            };
             let breakers = &self.dispatch.runtime.breakers;
-            let probe = match breakers.admit(candidate.backend, now_ms()).await {
+            let admission = breakers
+                .admit(candidate.backend, &candidate.deployment, now_ms())
+                .await;
+            let probe = match admission {
                 Admission::Open { .. } => continue,
                 Admission::Closed => None,
                 Admission::Probe(permit) => Some(permit),
@@ -286,10 +298,13 @@ impl Continuation {
             let result = self
                 .dispatch
                 .attempt(
-                    &request,
+                    request,
                     candidate.clone(),
                     self.deadline,
-                    Some(identity.clone()),
+                    Some(Continuing {
+                        identity: identity.clone(),
+                        repeat,
+                    }),
                 )
                 .await;
             if let Some(trace) = &self.trace {
@@ -308,8 +323,9 @@ impl Continuation {
             match probe {
                 Some(permit) => permit.settle(&observed, now_ms()).await,
                 None => {
+                    let deployment = &candidate.deployment;
                     breakers
-                        .record(candidate.backend, &observed, now_ms())
+                        .record(candidate.backend, deployment, &observed, now_ms())
                         .await
                 }
             }

@@ -1,26 +1,31 @@
-//! Circuit breakers (contract section 2, `circuit_breakers`): one per backend that names a policy.
-//! Failures a rule counts, within its window, trip the breaker open for the rule's `trip`; after
-//! that it is half-open and lets one probe through at a time, which closes it or re-opens it with
-//! backoff. Each instance counts the failures it sees; the breaker's phase is a record in the
-//! state store (`onedoor_state`), so a breaker tripped on one instance is open on all of them and
-//! one probe goes out for the whole fleet. The phase last seen is kept here, so a closed breaker
-//! costs no store call.
+//! Circuit breakers (contract section 2, `circuit_breakers`): a backend that names a policy has
+//! one breaker of its own and one per target on it (deployment or model). HTTP-status failures
+//! and response timeouts count against the target that produced them, connection failures,
+//! resets and connect timeouts against the whole backend (a rule's `scope` overrides that).
+//! Failures a rule counts, within its window, trip that breaker open for the rule's `trip`; after
+//! that it is half-open and lets one probe through at a time (for a target's breaker, a request
+//! for that target), which closes it or re-opens it for the trip grown by the rule's `backoff`.
+//! Each instance counts the failures it sees; the breakers' phases are records in the state store
+//! (`onedoor_state`), so a breaker tripped on one instance is open on all of them and one probe
+//! goes out for the whole fleet. The phase last seen is kept here, so a closed breaker costs no
+//! store call.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use onedoor_config::{
-    BackendId, BreakerPolicy, BreakerRule, FailureKind, FailureThreshold, Snapshot,
+    BackendId, BreakerPolicy, BreakerRule, BreakerScope, FailureKind, FailureThreshold, Snapshot,
 };
-use onedoor_state::{BreakerPhase, Claim, State, Store};
+use onedoor_state::{Backoff, BreakerPhase, Claim, State, Store};
 use sha2::{Digest, Sha256};
+use smallvec::SmallVec;
 
 use crate::outcome::retry_after;
 use crate::upstream::Failure;
 
-/// How long other requests leave a half-open backend alone while its probe is in flight (the
+/// How long other requests leave a half-open breaker alone while its probe is in flight (the
 /// probe has no known end; this is when asking again makes sense).
 const PROBE_PENDING_MS: u64 = 1000;
 /// A probe's hold on a half-open breaker ends after this even if its instance never says how it
@@ -28,8 +33,11 @@ const PROBE_PENDING_MS: u64 = 1000;
 const PROBE_LEASE_MS: u64 = 60_000;
 /// Percent rules remember at most this many recent outcomes (or `min_requests`, when larger).
 const MAX_EVENTS: usize = 4096;
+/// Target breakers a backend keeps at most: those of its configured targets, then those of
+/// deployments learned through `"*"` targets (named by callers) until this many.
+const MAX_TARGETS: usize = 256;
 
-/// What one attempt told us about its backend, in the terms breaker rules are written in.
+/// What one attempt told us about its target, in the terms breaker rules are written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Observed {
     Success,
@@ -39,7 +47,9 @@ pub enum Observed {
     },
     /// A connection error, or a reset before a whole response.
     ConnectError,
-    /// A connect, first-token or total timeout.
+    /// No connection within the connect timeout.
+    ConnectTimeout,
+    /// A first-token or total timeout.
     Timeout,
 }
 
@@ -50,9 +60,8 @@ impl Observed {
             Failure::ConnectError(_) | Failure::Reset(_) | Failure::AuthUnavailable(_) => {
                 Observed::ConnectError
             }
-            Failure::ConnectTimeout | Failure::FirstTokenTimeout | Failure::Timeout => {
-                Observed::Timeout
-            }
+            Failure::ConnectTimeout => Observed::ConnectTimeout,
+            Failure::FirstTokenTimeout | Failure::Timeout => Observed::Timeout,
             Failure::Status {
                 status, headers, ..
             } => Observed::Status {
@@ -68,9 +77,14 @@ impl Observed {
                 (*from..=*to).contains(code)
             }
             (Observed::ConnectError, FailureKind::ConnectError)
-            | (Observed::Timeout, FailureKind::Timeout) => true,
+            | (Observed::ConnectTimeout | Observed::Timeout, FailureKind::Timeout) => true,
             _ => false,
         }
+    }
+
+    /// Whether the attempt got an answer from its target (or its time ran out waiting for one).
+    fn reached(&self) -> bool {
+        !matches!(self, Observed::ConnectError | Observed::ConnectTimeout)
     }
 
     fn retry_after(&self) -> Option<Duration> {
@@ -81,22 +95,49 @@ impl Observed {
     }
 }
 
-/// Whether `rule` counts `outcome` as a failure.
-fn counts(rule: &BreakerRule, outcome: &Observed) -> bool {
-    rule.status.iter().any(|kind| outcome.is(kind))
+/// What `outcome` is held against under `rule`: its `scope`, else the target when the target
+/// answered and the backend when no connection was had.
+fn blame(rule: &BreakerRule, outcome: &Observed) -> BreakerScope {
+    match rule.scope {
+        Some(scope) => scope,
+        None if outcome.reached() => BreakerScope::Target,
+        None => BreakerScope::Backend,
+    }
+}
+
+/// Whether `rule` counts `outcome` as a failure of the breaker of `scope`.
+fn counts(rule: &BreakerRule, outcome: &Observed, scope: BreakerScope) -> bool {
+    rule.status.iter().any(|kind| outcome.is(kind)) && blame(rule, outcome) == scope
+}
+
+/// Whether any failure `rule` counts can be held against a target.
+fn may_blame_targets(rule: &BreakerRule) -> bool {
+    match rule.scope {
+        Some(scope) => scope == BreakerScope::Target,
+        None => rule
+            .status
+            .iter()
+            .any(|kind| !matches!(kind, FailureKind::ConnectError)),
+    }
 }
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// How long `rule` keeps the breaker open after `outcome`: exactly the upstream's Retry-After
-/// when the rule accepts it (`true`), else its `trip`, which the store doubles for each
-/// consecutive re-open up to ten times.
-fn open_for(rule: &BreakerRule, outcome: &Observed) -> (u64, bool) {
+/// How long `rule` keeps the breaker open after `outcome`, and how a failed probe grows that:
+/// exactly the upstream's Retry-After when the rule accepts it, else its `trip` grown by its
+/// `backoff`.
+fn open_for(rule: &BreakerRule, outcome: &Observed) -> (u64, Backoff) {
     match outcome.retry_after().filter(|_| rule.accept_retry_after) {
-        Some(wait) => (millis(wait), true),
-        None => (millis(rule.trip), false),
+        Some(wait) => (millis(wait), Backoff::NONE),
+        None => (
+            millis(rule.trip),
+            Backoff {
+                factor: rule.backoff.factor,
+                max_ms: millis(rule.backoff.max),
+            },
+        ),
     }
 }
 
@@ -165,13 +206,22 @@ impl Known {
     }
 }
 
-/// The breaker of one backend.
+/// The transitions a breaker counts: tripped open, half-open for a probe, re-opened after a
+/// failed probe, closed after a good one.
+pub const TRANSITIONS: [&str; 4] = ["open", "half_open", "reopen", "close"];
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One breaker: of a backend (`deployment` none) or of one target on it.
 #[derive(Debug)]
-pub struct Breaker {
-    backend: String,
-    /// Its record in the store: the backend and its policy, so a changed policy starts closed.
-    id: String,
-    policy: BreakerPolicy,
+struct Circuit {
+    scope: BreakerScope,
+    /// The target's deployment or model; `None` for the backend's own breaker.
+    deployment: Option<Arc<str>>,
+    /// Its record in the store.
+    id: Arc<str>,
     /// One per rule of the policy, same order; this instance's own observations.
     windows: Mutex<Vec<Window>>,
     known: Mutex<Known>,
@@ -179,33 +229,34 @@ pub struct Breaker {
     transitions: [AtomicU64; 4],
 }
 
-/// The transitions a breaker counts: tripped open, half-open for a probe, re-opened after a
-/// failed probe, closed after a good one.
-pub const TRANSITIONS: [&str; 4] = ["open", "half_open", "reopen", "close"];
+/// What a circuit says to one attempt.
+enum Gate {
+    Closed,
+    /// This request holds its one probe.
+    Probe,
+    Open {
+        until_ms: u64,
+    },
+}
 
-impl Breaker {
+impl Circuit {
+    fn new(policy: &BreakerPolicy, id: String, deployment: Option<Arc<str>>) -> Self {
+        Circuit {
+            scope: match deployment {
+                Some(_) => BreakerScope::Target,
+                None => BreakerScope::Backend,
+            },
+            deployment,
+            id: id.into(),
+            windows: Mutex::new(policy.rules.iter().map(|_| Window::default()).collect()),
+            known: Mutex::new(Known::default()),
+            transitions: Default::default(),
+        }
+    }
+
     fn count(&self, transition: usize) {
         if let Some(counter) = self.transitions.get(transition) {
             counter.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Breaker {
-    fn new(backend: &str, policy: BreakerPolicy) -> Self {
-        let digest = Sha256::digest(format!("{policy:?}").as_bytes());
-        let windows = policy.rules.iter().map(|_| Window::default()).collect();
-        Breaker {
-            backend: backend.to_owned(),
-            id: format!("{backend}#{}", hex::encode(&digest[..6])),
-            policy,
-            windows: Mutex::new(windows),
-            known: Mutex::new(Known::default()),
-            transitions: Default::default(),
         }
     }
 
@@ -222,25 +273,29 @@ impl Breaker {
         *lock(&self.known)
     }
 
+    fn target(&self) -> &str {
+        self.deployment.as_deref().unwrap_or("")
+    }
+
     /// Counts `outcome` in this instance's windows; a rule whose threshold it meets trips the
     /// shared record.
-    async fn record(&self, store: &Store, outcome: &Observed, now: u64) {
+    async fn record(&self, breaker: &Breaker, store: &Store, outcome: &Observed, now: u64) {
         // Open or half-open: a late answer to a request sent before the trip says nothing new.
         if self.known().phase != BreakerPhase::Closed {
             return;
         }
         let tripped = {
             let mut windows = lock(&self.windows);
-            let tripped =
-                self.policy
-                    .rules
-                    .iter()
-                    .zip(windows.iter_mut())
-                    .find_map(|(rule, window)| {
-                        window
-                            .push(rule, now, counts(rule, outcome))
-                            .then_some(rule)
-                    });
+            let tripped = breaker
+                .policy
+                .rules
+                .iter()
+                .zip(windows.iter_mut())
+                .find_map(|(rule, window)| {
+                    window
+                        .push(rule, now, counts(rule, outcome, self.scope))
+                        .then_some(rule)
+                });
             if tripped.is_some() {
                 windows.iter_mut().for_each(Window::clear);
             }
@@ -253,36 +308,164 @@ impl Breaker {
         let record = store.trip(&self.id, wait).await;
         self.learn(record.phase, now);
         self.count(0);
-        tracing::warn!(backend = %self.backend, rule = %rule.name, trip_ms = wait, "circuit breaker tripped");
+        tracing::warn!(backend = %breaker.backend, target = self.target(), rule = %rule.name, trip_ms = wait, "circuit breaker tripped");
     }
 
-    /// The probe's outcome: a failure some rule counts re-opens with backoff, anything else closes.
-    async fn settle(&self, store: &Store, outcome: &Observed, now: u64) {
-        match self.policy.rules.iter().find(|rule| counts(rule, outcome)) {
+    /// The probe's outcome: a failure some rule holds against this breaker re-opens it with
+    /// backoff; a target's probe that reached no target says nothing of it; anything else closes.
+    async fn settle(&self, breaker: &Breaker, store: &Store, outcome: &Observed, now: u64) {
+        let rules = &breaker.policy.rules;
+        match rules.iter().find(|rule| counts(rule, outcome, self.scope)) {
             Some(rule) => {
-                let (base, exact) = open_for(rule, outcome);
-                let record = store.reopen(&self.id, base, exact).await;
+                let (base, backoff) = open_for(rule, outcome);
+                let record = store.reopen(&self.id, base, backoff).await;
                 self.learn(record.phase, now);
                 self.count(2);
-                tracing::warn!(backend = %self.backend, rule = %rule.name, reopens = record.reopens, "circuit breaker probe failed: re-opened");
+                tracing::warn!(backend = %breaker.backend, target = self.target(), rule = %rule.name, reopens = record.reopens, "circuit breaker probe failed: re-opened");
+            }
+            None if self.scope == BreakerScope::Target && !outcome.reached() => {
+                store.release_probe(&self.id).await;
+                self.learn(BreakerPhase::HalfOpen { probing: false }, now);
             }
             None => {
                 store.close(&self.id).await;
                 lock(&self.windows).iter_mut().for_each(Window::clear);
                 self.learn(BreakerPhase::Closed, now);
                 self.count(3);
-                tracing::info!(backend = %self.backend, "circuit breaker probe succeeded: closed");
+                tracing::info!(backend = %breaker.backend, target = self.target(), "circuit breaker probe succeeded: closed");
             }
+        }
+    }
+
+    /// Asks right before an attempt; a half-open breaker hands its probe to the first asker in
+    /// the fleet. A closed one costs no store call.
+    async fn admit(&self, backend: &str, store: &Store, now: u64) -> Gate {
+        let known = self.known();
+        if known.phase == BreakerPhase::Closed {
+            return Gate::Closed;
+        }
+        if let Some(until_ms) = known.blocked_until(now) {
+            return Gate::Open { until_ms };
+        }
+        match store.claim_probe(&self.id, PROBE_LEASE_MS).await {
+            Claim::Closed => {
+                self.learn(BreakerPhase::Closed, now);
+                Gate::Closed
+            }
+            Claim::Probe => {
+                self.learn(BreakerPhase::HalfOpen { probing: true }, now);
+                self.count(1);
+                tracing::info!(%backend, target = self.target(), "circuit breaker half-open: one probe admitted");
+                Gate::Probe
+            }
+            Claim::Open { remaining_ms } => {
+                self.learn(BreakerPhase::Open { remaining_ms }, now);
+                Gate::Open {
+                    until_ms: now + remaining_ms,
+                }
+            }
+            Claim::Busy => {
+                self.learn(BreakerPhase::HalfOpen { probing: true }, now);
+                Gate::Open {
+                    until_ms: now + PROBE_PENDING_MS,
+                }
+            }
+        }
+    }
+
+    async fn view(&self, store: &Store, now: u64) -> CircuitView {
+        let record = store.breaker(&self.id).await.unwrap_or_default();
+        self.learn(record.phase, now);
+        let (state, next_probe_in_ms) = match record.phase {
+            BreakerPhase::Closed => (BreakerState::Closed, None),
+            BreakerPhase::Open { remaining_ms } => (BreakerState::Open, Some(remaining_ms)),
+            BreakerPhase::HalfOpen { .. } => (BreakerState::HalfOpen, Some(0)),
+        };
+        CircuitView {
+            deployment: self.deployment.clone(),
+            state,
+            next_probe_in_ms,
+            trips: record.trips,
+            reopens: record.reopens,
         }
     }
 }
 
-/// Whether a request may send an attempt to a backend now.
+/// The breakers of one backend: its own, and one per target when the policy holds failures
+/// against targets.
+#[derive(Debug)]
+pub struct Breaker {
+    backend: String,
+    /// The backend and its policy, so a changed policy starts closed; its targets' records add
+    /// `@deployment`.
+    id: String,
+    policy: BreakerPolicy,
+    own: Arc<Circuit>,
+    /// `None` when no rule holds a failure against a target.
+    targets: Option<Mutex<HashMap<Arc<str>, Arc<Circuit>>>>,
+}
+
+impl Breaker {
+    fn new(backend: &str, policy: BreakerPolicy) -> Self {
+        let digest = Sha256::digest(format!("{policy:?}").as_bytes());
+        let id = format!("{backend}#{}", hex::encode(&digest[..6]));
+        let targets = policy
+            .rules
+            .iter()
+            .any(may_blame_targets)
+            .then(|| Mutex::new(HashMap::new()));
+        Breaker {
+            backend: backend.to_owned(),
+            own: Arc::new(Circuit::new(&policy, id.clone(), None)),
+            id,
+            policy,
+            targets,
+        }
+    }
+
+    /// The breaker of target `deployment`, made on first use while there is room for it.
+    fn target(&self, deployment: &str) -> Option<Arc<Circuit>> {
+        let mut targets = lock(self.targets.as_ref()?);
+        if let Some(circuit) = targets.get(deployment) {
+            return Some(circuit.clone());
+        }
+        if targets.len() >= MAX_TARGETS {
+            return None;
+        }
+        let name: Arc<str> = Arc::from(deployment);
+        let id = format!("{}@{deployment}", self.id);
+        let circuit = Arc::new(Circuit::new(&self.policy, id, Some(name.clone())));
+        targets.insert(name, circuit.clone());
+        Some(circuit)
+    }
+
+    /// Its own breaker first, then its targets' by name.
+    fn circuits(&self) -> Vec<Arc<Circuit>> {
+        let mut targets: Vec<Arc<Circuit>> = match &self.targets {
+            Some(map) => lock(map).values().cloned().collect(),
+            None => Vec::new(),
+        };
+        targets.sort_by(|a, b| a.deployment.cmp(&b.deployment));
+        targets.insert(0, self.own.clone());
+        targets
+    }
+
+    /// Counts `outcome` against the backend's breaker and the target's.
+    async fn record(&self, store: &Store, deployment: &str, outcome: &Observed, now: u64) {
+        self.own.record(self, store, outcome, now).await;
+        if let Some(target) = self.target(deployment) {
+            target.record(self, store, outcome, now).await;
+        }
+    }
+}
+
+/// Whether a request may send an attempt to a target now.
 #[derive(Debug)]
 pub enum Admission {
     /// Closed (or no breaker): go ahead.
     Closed,
-    /// Half-open, and this request holds the one probe.
+    /// Half-open, and this request holds the one probe (of the backend's breaker, the target's,
+    /// or both).
     Probe(ProbePermit),
     /// Open, or half-open with a probe in flight: ask again at `until_ms`.
     Open { until_ms: u64 },
@@ -293,26 +476,41 @@ pub enum Admission {
 #[derive(Debug)]
 pub struct ProbePermit {
     backend: BackendId,
+    deployment: Arc<str>,
     breaker: Arc<Breaker>,
+    /// The breakers whose probe this is: the backend's, the target's, or both.
+    claimed: SmallVec<[Arc<Circuit>; 2]>,
     store: Arc<Store>,
     settled: bool,
 }
 
 impl ProbePermit {
-    pub fn backend(&self) -> BackendId {
-        self.backend
+    /// Whether this is the probe of an attempt at (`backend`, `deployment`).
+    pub fn is_for(&self, backend: BackendId, deployment: &str) -> bool {
+        self.backend == backend && *self.deployment == *deployment
     }
 
+    /// The probe's outcome settles the breakers it probed and counts in the other one.
     pub async fn settle(mut self, outcome: &Observed, now: u64) {
         self.settled = true;
-        self.breaker.settle(&self.store, outcome, now).await;
+        let breaker = &self.breaker;
+        let target = breaker.target(&self.deployment);
+        for circuit in std::iter::once(breaker.own.clone()).chain(target) {
+            if self.claimed.iter().any(|c| Arc::ptr_eq(c, &circuit)) {
+                circuit.settle(breaker, &self.store, outcome, now).await;
+            } else {
+                circuit.record(breaker, &self.store, outcome, now).await;
+            }
+        }
     }
 }
 
 impl Drop for ProbePermit {
     fn drop(&mut self) {
         if !self.settled {
-            self.store.release_probe_detached(self.breaker.id.clone());
+            for circuit in &self.claimed {
+                self.store.release_probe_detached(circuit.id.to_string());
+            }
         }
     }
 }
@@ -334,18 +532,31 @@ impl BreakerState {
     }
 }
 
-/// A breaker as operators see it (`GET /admin/backends`).
+/// One breaker as operators see it (`GET /admin/backends`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct View {
-    pub policy: String,
+pub struct CircuitView {
+    /// The target's deployment or model; `None` for the backend's own breaker.
+    pub deployment: Option<Arc<str>>,
     pub state: BreakerState,
     /// Until the trip ends (0 when half-open); `None` when closed.
     pub next_probe_in_ms: Option<u64>,
     /// How often it opened, re-opens after a failed probe included.
     pub trips: u64,
+    /// Failed probes in a row since it last closed (each grew the wait by the backoff).
+    pub reopens: u32,
 }
 
-/// Every backend's breaker, by backend index. A backend without `circuit_breaker:` has none and
+/// A backend's breakers as operators see them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    pub policy: String,
+    /// The backend's own breaker (connection failures).
+    pub own: CircuitView,
+    /// Its targets' breakers, by deployment or model.
+    pub targets: Vec<CircuitView>,
+}
+
+/// Every backend's breakers, by backend index. A backend without `circuit_breaker:` has none and
 /// is always closed.
 pub struct Breakers {
     by_backend: Vec<Option<Arc<Breaker>>>,
@@ -353,8 +564,9 @@ pub struct Breakers {
 }
 
 impl Breakers {
-    /// The breakers of `snapshot`'s backends. On reload pass the running ones as `previous`: a
-    /// backend whose name and policy are unchanged keeps its breaker and counted failures.
+    /// The breakers of `snapshot`'s backends, with one for each target its aliases name. On
+    /// reload pass the running ones as `previous`: a backend whose name and policy are unchanged
+    /// keeps its breakers and counted failures.
     pub fn new(snapshot: &Snapshot, previous: Option<&Breakers>, store: Arc<Store>) -> Self {
         let by_backend = snapshot
             .backends
@@ -372,7 +584,16 @@ impl Breakers {
                 })
             })
             .collect();
-        Breakers { by_backend, store }
+        let breakers = Breakers { by_backend, store };
+        let aliases = snapshot.aliases.iter().chain(&snapshot.wildcard);
+        for target in aliases.flat_map(|alias| &alias.targets) {
+            if let (Some(breaker), Some(deployment)) =
+                (breakers.get(target.backend), &target.deployment)
+            {
+                breaker.target(deployment);
+            }
+        }
+        breakers
     }
 
     fn named(&self, name: &str) -> Option<&Arc<Breaker>> {
@@ -383,101 +604,121 @@ impl Breakers {
         self.by_backend.get(backend).and_then(Option::as_ref)
     }
 
-    /// How often `backend`'s breaker made each of the [`TRANSITIONS`] here.
-    pub fn transitions(&self, backend: BackendId) -> Option<[u64; 4]> {
-        let breaker = self.get(backend)?;
-        Some(
-            breaker
-                .transitions
-                .each_ref()
-                .map(|c| c.load(Ordering::Relaxed)),
-        )
+    /// How often each of `backend`'s breakers made each of the [`TRANSITIONS`] here: its own
+    /// (deployment `None`) first, then its targets'.
+    pub fn transitions(&self, backend: BackendId) -> Vec<(Option<Arc<str>>, [u64; 4])> {
+        let Some(breaker) = self.get(backend) else {
+            return Vec::new();
+        };
+        breaker
+            .circuits()
+            .iter()
+            .map(|c| {
+                let counts = c.transitions.each_ref().map(|n| n.load(Ordering::Relaxed));
+                (c.deployment.clone(), counts)
+            })
+            .collect()
     }
 
-    /// The store record of `backend`'s breaker, for the routing view to read.
+    /// The store record of `backend`'s own breaker, for the routing view to read.
     pub fn record_id(&self, backend: BackendId) -> Option<&str> {
         self.get(backend).map(|b| b.id.as_str())
     }
 
-    /// Takes in the phase a routing view read for `backend`.
+    /// The store record of the breaker of target (`backend`, `deployment`), when it has one.
+    pub fn target_record_id(&self, backend: BackendId, deployment: &str) -> Option<Arc<str>> {
+        let circuit = self.get(backend)?.target(deployment)?;
+        Some(circuit.id.clone())
+    }
+
+    /// Takes in the phase a routing view read for `backend`'s own breaker.
     pub fn learn(&self, backend: BackendId, phase: BreakerPhase, now: u64) {
         if let Some(breaker) = self.get(backend) {
-            breaker.learn(phase, now);
+            breaker.own.learn(phase, now);
         }
     }
 
-    /// When `backend` may be asked again, if its breaker keeps requests out now. A half-open
-    /// breaker whose probe is free does not: the request that gets to it first probes.
-    pub fn blocked_until(&self, backend: BackendId, now: u64) -> Option<u64> {
-        self.get(backend)?.known().blocked_until(now)
+    /// Takes in the phase a routing view read for the breaker of (`backend`, `deployment`).
+    pub fn learn_target(
+        &self,
+        backend: BackendId,
+        deployment: &str,
+        phase: BreakerPhase,
+        now: u64,
+    ) {
+        if let Some(target) = self.get(backend).and_then(|b| b.target(deployment)) {
+            target.learn(phase, now);
+        }
     }
 
-    /// Asks right before an attempt; a half-open breaker hands its probe to the first asker in
-    /// the fleet. A closed one costs no store call.
-    pub async fn admit(&self, backend: BackendId, now: u64) -> Admission {
+    /// When target (`backend`, `deployment`) may be asked again, if its breaker or its backend's
+    /// keeps requests out now (the later of the two). A half-open breaker whose probe is free
+    /// does not: the request that gets to it first probes.
+    pub fn blocked_until(&self, backend: BackendId, deployment: &str, now: u64) -> Option<u64> {
+        let breaker = self.get(backend)?;
+        let own = breaker.own.known().blocked_until(now);
+        let target = breaker
+            .target(deployment)
+            .and_then(|t| t.known().blocked_until(now));
+        own.max(target)
+    }
+
+    /// Asks right before an attempt at (`backend`, `deployment`): the backend's breaker, then
+    /// the target's; a half-open one hands its probe to the first asker in the fleet. Closed ones
+    /// cost no store call.
+    pub async fn admit(&self, backend: BackendId, deployment: &Arc<str>, now: u64) -> Admission {
         let Some(breaker) = self.get(backend) else {
             return Admission::Closed;
         };
-        let known = breaker.known();
-        if known.phase == BreakerPhase::Closed {
+        let mut claimed: SmallVec<[Arc<Circuit>; 2]> = SmallVec::new();
+        let target = breaker.target(deployment);
+        for circuit in std::iter::once(breaker.own.clone()).chain(target) {
+            match circuit.admit(&breaker.backend, &self.store, now).await {
+                Gate::Closed => {}
+                Gate::Probe => claimed.push(circuit),
+                Gate::Open { until_ms } => {
+                    for probe in claimed {
+                        probe.learn(BreakerPhase::HalfOpen { probing: false }, now);
+                        self.store.release_probe_detached(probe.id.to_string());
+                    }
+                    return Admission::Open { until_ms };
+                }
+            }
+        }
+        if claimed.is_empty() {
             return Admission::Closed;
         }
-        if let Some(until_ms) = known.blocked_until(now) {
-            return Admission::Open { until_ms };
-        }
-        match self.store.claim_probe(&breaker.id, PROBE_LEASE_MS).await {
-            Claim::Closed => {
-                breaker.learn(BreakerPhase::Closed, now);
-                Admission::Closed
-            }
-            Claim::Probe => {
-                breaker.learn(BreakerPhase::HalfOpen { probing: true }, now);
-                breaker.count(1);
-                tracing::info!(backend = %breaker.backend, "circuit breaker half-open: one probe admitted");
-                Admission::Probe(ProbePermit {
-                    backend,
-                    breaker: breaker.clone(),
-                    store: self.store.clone(),
-                    settled: false,
-                })
-            }
-            Claim::Open { remaining_ms } => {
-                breaker.learn(BreakerPhase::Open { remaining_ms }, now);
-                Admission::Open {
-                    until_ms: now + remaining_ms,
-                }
-            }
-            Claim::Busy => {
-                breaker.learn(BreakerPhase::HalfOpen { probing: true }, now);
-                Admission::Open {
-                    until_ms: now + PROBE_PENDING_MS,
-                }
-            }
-        }
+        Admission::Probe(ProbePermit {
+            backend,
+            deployment: deployment.clone(),
+            breaker: breaker.clone(),
+            claimed,
+            store: self.store.clone(),
+            settled: false,
+        })
     }
 
-    /// The outcome of an attempt that was not a probe (probes settle their permit instead).
-    pub async fn record(&self, backend: BackendId, outcome: &Observed, now: u64) {
+    /// The outcome of an attempt at (`backend`, `deployment`) that was not a probe (probes
+    /// settle their permit instead).
+    pub async fn record(&self, backend: BackendId, deployment: &str, outcome: &Observed, now: u64) {
         if let Some(breaker) = self.get(backend) {
-            breaker.record(&self.store, outcome, now).await;
+            breaker.record(&self.store, deployment, outcome, now).await;
         }
     }
 
-    /// The breaker as the store has it now.
+    /// `backend`'s breakers as the store has them now.
     pub async fn view(&self, backend: BackendId, now: u64) -> Option<View> {
         let breaker = self.get(backend)?;
-        let record = self.store.breaker(&breaker.id).await.unwrap_or_default();
-        breaker.learn(record.phase, now);
-        let (state, next_probe_in_ms) = match record.phase {
-            BreakerPhase::Closed => (BreakerState::Closed, None),
-            BreakerPhase::Open { remaining_ms } => (BreakerState::Open, Some(remaining_ms)),
-            BreakerPhase::HalfOpen { .. } => (BreakerState::HalfOpen, Some(0)),
-        };
+        let mut circuits = breaker.circuits().into_iter();
+        let own = circuits.next()?.view(&self.store, now).await;
+        let mut targets = Vec::new();
+        for circuit in circuits {
+            targets.push(circuit.view(&self.store, now).await);
+        }
         Some(View {
             policy: breaker.policy.name.clone(),
-            state,
-            next_probe_in_ms,
-            trips: record.trips,
+            own,
+            targets,
         })
     }
 }
@@ -498,10 +739,16 @@ mod tests {
             status,
             trip: Duration::from_millis(trip_ms),
             accept_retry_after: false,
+            scope: None,
+            backoff: onedoor_config::BreakerBackoff {
+                factor: 2.0,
+                max: Duration::from_millis(1000),
+            },
         }
     }
 
-    /// One backend's breaker (index 0) over a memory store whose clock the test moves.
+    /// One backend's breakers (index 0), asked about its target "d", over a memory store whose
+    /// clock the test moves.
     struct Rig {
         breakers: Breakers,
         clock: Arc<AtomicU64>,
@@ -534,19 +781,49 @@ mod tests {
         }
 
         async fn record(&self, now: u64, outcome: Observed) {
+            self.record_at("d", now, outcome).await;
+        }
+
+        async fn record_at(&self, deployment: &str, now: u64, outcome: Observed) {
             let now = self.at(now);
-            self.breakers.record(0, &outcome, now).await;
+            self.breakers.record(0, deployment, &outcome, now).await;
         }
 
         async fn admit(&self, now: u64) -> Admission {
-            let now = self.at(now);
-            self.breakers.admit(0, now).await
+            self.admit_at("d", now).await
         }
 
-        async fn state(&self, now: u64) -> (BreakerState, Option<u64>) {
+        async fn admit_at(&self, deployment: &str, now: u64) -> Admission {
             let now = self.at(now);
-            let view = self.breakers.view(0, now).await.unwrap();
-            (view.state, view.next_probe_in_ms)
+            self.breakers.admit(0, &Arc::from(deployment), now).await
+        }
+
+        async fn view(&self, now: u64) -> View {
+            let now = self.at(now);
+            self.breakers.view(0, now).await.unwrap()
+        }
+
+        /// Target "d"'s breaker.
+        async fn state(&self, now: u64) -> (BreakerState, Option<u64>) {
+            let view = self.view(now).await;
+            let d = view
+                .targets
+                .iter()
+                .find(|t| t.deployment.as_deref() == Some("d"));
+            d.map_or((BreakerState::Closed, None), |t| {
+                (t.state, t.next_probe_in_ms)
+            })
+        }
+
+        /// The backend's own breaker.
+        async fn own_state(&self, now: u64) -> (BreakerState, Option<u64>) {
+            let view = self.view(now).await;
+            (view.own.state, view.own.next_probe_in_ms)
+        }
+
+        async fn trips(&self, now: u64) -> u64 {
+            let view = self.view(now).await;
+            view.targets.iter().map(|t| t.trips).sum::<u64>() + view.own.trips
         }
     }
 
@@ -571,18 +848,85 @@ mod tests {
         b.record(2, status(400)).await;
         b.record(3, status(404)).await;
         b.record(4, Observed::Timeout).await;
-        b.record(30_000, Observed::ConnectError).await;
+        b.record(30_000, status(504)).await;
         assert_eq!(b.state(30_001).await, (BreakerState::Closed, None));
         // The first failure has left the 60 s window by now: two again.
         b.record(60_001, status(503)).await;
         assert_eq!(b.state(60_002).await, (BreakerState::Closed, None));
         b.record(60_010, status(502)).await;
         assert_eq!(b.state(60_010).await, (BreakerState::Open, Some(1000)));
-        assert_eq!(b.breakers.view(0, b.at(60_010)).await.unwrap().trips, 1);
+        assert_eq!(b.trips(60_010).await, 1);
         assert!(matches!(
             b.admit(60_500).await,
             Admission::Open { until_ms: 61_010 }
         ));
+    }
+
+    #[tokio::test]
+    async fn statuses_open_only_their_targets_breaker_and_connection_failures_the_backends() {
+        let b = Rig::new(vec![rule(
+            FailureThreshold::Count(2),
+            vec![
+                SERVER_ERRORS,
+                FailureKind::ConnectError,
+                FailureKind::Timeout,
+            ],
+            1000,
+        )]);
+        b.record_at("d", 0, status(503)).await;
+        b.record_at("e", 1, status(503)).await;
+        b.record_at("d", 2, Observed::ConnectError).await;
+        assert_eq!(b.state(3).await.0, BreakerState::Closed, "one 503 each");
+        b.record_at("d", 4, status(500)).await;
+        assert_eq!(b.state(5).await.0, BreakerState::Open);
+        assert_eq!(b.own_state(5).await.0, BreakerState::Closed);
+        assert!(matches!(b.admit_at("d", 6).await, Admission::Open { .. }));
+        assert!(matches!(b.admit_at("e", 6).await, Admission::Closed));
+        // The second connection failure, on another target, opens the whole backend.
+        b.record_at("e", 7, Observed::ConnectTimeout).await;
+        assert_eq!(b.own_state(8).await, (BreakerState::Open, Some(999)));
+        assert!(matches!(b.admit_at("e", 8).await, Admission::Open { .. }));
+        assert_eq!(b.breakers.blocked_until(0, "e", 8), Some(1007));
+    }
+
+    #[tokio::test]
+    async fn a_rules_scope_overrides_what_a_failure_is_held_against() {
+        let mut whole = rule(FailureThreshold::Count(1), vec![SERVER_ERRORS], 1000);
+        whole.scope = Some(BreakerScope::Backend);
+        let b = Rig::new(vec![whole]);
+        b.record_at("e", 0, status(500)).await;
+        assert_eq!(b.own_state(1).await.0, BreakerState::Open);
+        assert!(b.view(1).await.targets.is_empty(), "no rule holds targets");
+        assert!(matches!(b.admit_at("d", 1).await, Admission::Open { .. }));
+
+        let mut per_target = rule(
+            FailureThreshold::Count(1),
+            vec![FailureKind::ConnectError],
+            1000,
+        );
+        per_target.scope = Some(BreakerScope::Target);
+        let b = Rig::new(vec![per_target]);
+        b.record_at("d", 0, Observed::ConnectError).await;
+        assert_eq!(b.state(1).await.0, BreakerState::Open);
+        assert_eq!(b.own_state(1).await.0, BreakerState::Closed);
+        assert!(matches!(b.admit_at("e", 1).await, Admission::Closed));
+    }
+
+    #[tokio::test]
+    async fn a_targets_probe_that_reaches_no_target_leaves_it_half_open_and_counts_for_the_backend()
+    {
+        let b = Rig::new(vec![rule(
+            FailureThreshold::Count(1),
+            vec![SERVER_ERRORS, FailureKind::ConnectError],
+            100,
+        )]);
+        b.record(0, status(502)).await;
+        let Admission::Probe(probe) = b.admit(100).await else {
+            panic!("probe")
+        };
+        probe.settle(&Observed::ConnectError, b.at(101)).await;
+        assert_eq!(b.state(102).await, (BreakerState::HalfOpen, Some(0)));
+        assert_eq!(b.own_state(102).await.0, BreakerState::Open);
     }
 
     #[tokio::test]
@@ -639,9 +983,9 @@ mod tests {
         )]);
         b.record(0, status(500)).await;
         assert!(matches!(b.admit(999).await, Admission::Open { .. }));
-        assert_eq!(b.breakers.blocked_until(0, 999), Some(1000));
+        assert_eq!(b.breakers.blocked_until(0, "d", 999), Some(1000));
         assert_eq!(
-            b.breakers.blocked_until(0, 1000),
+            b.breakers.blocked_until(0, "d", 1000),
             None,
             "a free probe does not keep requests out"
         );
@@ -649,10 +993,10 @@ mod tests {
         let Admission::Probe(probe) = b.admit(1000).await else {
             panic!("the first request after the trip probes")
         };
-        assert_eq!(probe.backend(), 0);
+        assert!(probe.is_for(0, "d"));
         assert!(matches!(b.admit(1001).await, Admission::Open { .. }));
         assert_eq!(
-            b.breakers.blocked_until(0, 1001),
+            b.breakers.blocked_until(0, "d", 1001),
             Some(1000 + PROBE_PENDING_MS)
         );
         // A non-probe answer arriving now changes nothing.
@@ -679,7 +1023,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_probe_re_opens_with_doubling_backoff_capped_at_ten_trips() {
+    async fn a_failed_probe_re_opens_with_the_rules_backoff_up_to_its_max() {
         let b = Rig::new(vec![rule(
             FailureThreshold::Count(1),
             vec![SERVER_ERRORS],
@@ -695,7 +1039,7 @@ mod tests {
             assert_eq!(b.state(now).await, (BreakerState::Open, Some(expected)));
             now += expected;
         }
-        assert_eq!(b.breakers.view(0, b.at(now)).await.unwrap().trips, 6);
+        assert_eq!(b.trips(now).await, 6);
         let Admission::Probe(probe) = b.admit(now).await else {
             panic!("probe at {now}")
         };
@@ -762,7 +1106,11 @@ mod tests {
             Observed::ConnectError
         );
         assert_eq!(Observed::of(&Failure::FirstTokenTimeout), Observed::Timeout);
-        assert_eq!(Observed::of(&Failure::ConnectTimeout), Observed::Timeout);
+        assert_eq!(
+            Observed::of(&Failure::ConnectTimeout),
+            Observed::ConnectTimeout
+        );
+        assert_eq!(Observed::of(&Failure::Timeout), Observed::Timeout);
     }
 
     #[tokio::test]
@@ -787,16 +1135,19 @@ models:
             before.view(1, 0).await.is_none(),
             "a backend without a policy has no breaker"
         );
-        before.record(0, &status(500), 0).await;
+        before.record(0, "x", &status(500), 0).await;
+        let state = |view: Option<View>| {
+            view.map(|v| (v.targets[0].deployment.clone(), v.targets[0].state))
+        };
         let kept = Breakers::new(&parse(yaml("30s")), Some(&before), store.clone());
         assert_eq!(
-            kept.view(0, 0).await.map(|v| v.state),
-            Some(BreakerState::Open)
+            state(kept.view(0, 0).await),
+            Some((Some("x".into()), BreakerState::Open))
         );
         let changed = Breakers::new(&parse(yaml("10s")), Some(&before), store);
         assert_eq!(
-            changed.view(0, 0).await.map(|v| v.state),
-            Some(BreakerState::Closed)
+            state(changed.view(0, 0).await),
+            Some((Some("x".into()), BreakerState::Closed))
         );
     }
 }

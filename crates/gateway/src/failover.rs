@@ -1,7 +1,8 @@
 //! The attempt loop (contract section 2.1, rule 3): after a failed attempt the next target at
 //! once, a second try on the same target only under the same-target rule, bounded by
 //! `routing.max_attempts` and the total timeout. Learns into the state as it goes: 404s into the
-//! not-served cache, 429s into cooldowns, every outcome into its backend's circuit breaker.
+//! not-served cache, 429s into cooldowns, every outcome into its target's and its backend's circuit
+//! breakers.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -257,15 +258,16 @@ impl<'a> Failover<'a> {
         Err(self.ending(trail, out_of_time))
     }
 
-    /// Whether the breaker of candidate `i`'s backend lets an attempt go at `now` (ms). It may
-    /// have opened since the plan was made, or another request may hold its probe: then the
-    /// candidate is left out as if the plan had excluded it.
+    /// Whether the breakers of candidate `i` (its target's and its backend's) let an attempt go
+    /// at `now` (ms). One may have opened since the plan was made, or another request may hold
+    /// its probe: then the candidate is left out as if the plan had excluded it.
     async fn admitted(&mut self, i: usize, now: u64) -> bool {
-        let backend = self.plan.candidates[i].backend;
-        if self.probes.iter().any(|p| p.backend() == backend) {
+        let candidate = &self.plan.candidates[i];
+        let (backend, deployment) = (candidate.backend, &candidate.deployment);
+        if self.probes.iter().any(|p| p.is_for(backend, deployment)) {
             return true;
         }
-        match self.runtime.breakers.admit(backend, now).await {
+        match self.runtime.breakers.admit(backend, deployment, now).await {
             Admission::Closed => true,
             Admission::Probe(permit) => {
                 self.probes.push(permit);
@@ -282,13 +284,21 @@ impl<'a> Failover<'a> {
         }
     }
 
-    /// Tells the breaker of candidate `i`'s backend how its attempt went; a probe settles its permit.
+    /// Tells the breakers of candidate `i` how its attempt went; a probe settles its permit.
     async fn observe(&mut self, i: usize, outcome: Observed) {
-        let backend = self.plan.candidates[i].backend;
+        let candidate = &self.plan.candidates[i];
+        let (backend, deployment) = (candidate.backend, &candidate.deployment);
         let now = now_ms();
-        match self.probes.iter().position(|p| p.backend() == backend) {
+        match self
+            .probes
+            .iter()
+            .position(|p| p.is_for(backend, deployment))
+        {
             Some(k) => self.probes.swap_remove(k).settle(&outcome, now).await,
-            None => self.runtime.breakers.record(backend, &outcome, now).await,
+            None => {
+                let breakers = &self.runtime.breakers;
+                breakers.record(backend, deployment, &outcome, now).await
+            }
         }
     }
 

@@ -67,9 +67,18 @@ struct HeadroomLabels {
     kind: &'static str,
 }
 
+/// One breaker: a backend's own (`deployment` empty) or one of its targets'.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BreakerLabels {
+    backend: String,
+    region: String,
+    deployment: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TransitionLabels {
     backend: String,
+    deployment: String,
     to: &'static str,
 }
 
@@ -123,7 +132,7 @@ pub struct Metrics {
     rejections: Family<KindLabel, Counter>,
     reloads: Family<OutcomeLabel, Counter>,
     in_flight: Family<BackendLabels, Gauge>,
-    breaker: Family<BackendLabels, Gauge>,
+    breaker: Family<BreakerLabels, Gauge>,
     headroom: Family<HeadroomLabels, Gauge>,
     not_served: Gauge,
     usage_records: Family<OutcomeLabel, Gauge>,
@@ -241,7 +250,7 @@ impl Metrics {
         );
         r.register(
             "breaker_state",
-            "Circuit breaker state per backend: 0 closed, 1 half-open, 2 open",
+            "Circuit breaker state per backend (deployment empty) and per target: 0 closed, 1 half-open, 2 open",
             m.breaker.clone(),
         );
         r.register("backend_headroom", "What a backend's rpm and tpm limits still allow in the window (kind requests or tokens)", m.headroom.clone());
@@ -265,7 +274,7 @@ impl Metrics {
             "Requests of a tenant under way on this instance (streams until they end)",
             m.tenant_in_flight.clone(),
         );
-        r.register("breaker_transitions", "Circuit breaker transitions this instance made, by backend and new state (open, half_open, reopen, close)", m.transitions.clone());
+        r.register("breaker_transitions", "Circuit breaker transitions this instance made, by backend, target deployment (empty: the backend's own breaker) and new state (open, half_open, reopen, close)", m.transitions.clone());
         r.register(
             "stream_events_dropped",
             "Malformed upstream stream events dropped (never forwarded), by backend",
@@ -472,10 +481,11 @@ impl Metrics {
                 backend: backend.name.to_string(),
                 region: backend.region.to_string(),
             };
-            if let Some(transitions) = runtime.breakers.transitions(i) {
+            for (deployment, transitions) in runtime.breakers.transitions(i) {
                 for (to, total) in crate::breaker::TRANSITIONS.into_iter().zip(transitions) {
                     let labels = TransitionLabels {
                         backend: backend.name.to_string(),
+                        deployment: deployment.as_deref().unwrap_or("").to_owned(),
                         to,
                     };
                     catch_up(&self.transitions.get_or_create(&labels), total);
@@ -502,19 +512,33 @@ impl Metrics {
                     }
                 }
             }
-            let state = match runtime.breakers.view(i, now).await {
-                Some(view) => view.state,
-                None => BreakerState::Closed,
+            self.read_breakers(runtime, i, &labels, now).await;
+        }
+        if let Ok(entries) = runtime.state.not_served().await {
+            self.not_served
+                .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The state of backend `i`'s own breaker and its targets' (always closed without a policy).
+    async fn read_breakers(&self, runtime: &Runtime, i: usize, backend: &BackendLabels, now: u64) {
+        let views = match runtime.breakers.view(i, now).await {
+            Some(view) => std::iter::once(view.own).chain(view.targets).collect(),
+            None => Vec::new(),
+        };
+        let closed = (views.is_empty()).then_some((None, BreakerState::Closed));
+        let states = views.into_iter().map(|v| (v.deployment, v.state));
+        for (deployment, state) in states.chain(closed) {
+            let labels = BreakerLabels {
+                backend: backend.backend.clone(),
+                region: backend.region.clone(),
+                deployment: deployment.as_deref().unwrap_or("").to_owned(),
             };
             self.breaker.get_or_create(&labels).set(match state {
                 BreakerState::Closed => 0,
                 BreakerState::HalfOpen => 1,
                 BreakerState::Open => 2,
             });
-        }
-        if let Ok(entries) = runtime.state.not_served().await {
-            self.not_served
-                .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
         }
     }
 
@@ -714,6 +738,7 @@ mod tests {
             attempts: String::new(),
             stream: true,
             stream_cut: false,
+            error: None,
         }
     }
 

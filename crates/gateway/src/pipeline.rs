@@ -396,12 +396,7 @@ impl<'a> Call<'a> {
             && self.request.stream
             && operation == Operation::ChatCompletions;
         let fallbacks: Vec<Candidate> = match self.dispatch.continues_cut_streams {
-            true => plan
-                .candidates
-                .iter()
-                .filter(|c| c.accepts_prefill)
-                .cloned()
-                .collect(),
+            true => plan.candidates.clone(),
             false => Vec::new(),
         };
         let deadline = Instant::now() + snapshot.routing.timeouts.total;

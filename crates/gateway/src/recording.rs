@@ -203,6 +203,7 @@ impl Pending {
             attempts: std::mem::take(&mut ended.attempts),
             stream: false,
             stream_cut: false,
+            error: None,
         };
         Pending {
             record,
@@ -233,7 +234,8 @@ impl Pending {
         // A cut stream's answer said 200; what cut it is its error.
         let error = self.error.clone().or(why);
         let span = self.span.take();
-        let record = self.finish(tokens, ttft, cut);
+        let mut record = self.finish(tokens, ttft, cut);
+        record.error = error.clone();
         if let Some(metrics) = metrics {
             metrics.finished(&record);
         }

@@ -50,7 +50,8 @@ pub enum Excluded {
     Drained,
     /// Its backend failed its active health check twice in a row.
     Unhealthy,
-    /// Its backend's circuit breaker is open (or half-open with its one probe in flight).
+    /// Its own circuit breaker or its backend's is open (or half-open with its one probe in
+    /// flight).
     BreakerOpen {
         until_ms: u64,
     },
@@ -174,9 +175,11 @@ impl Opening {
             }
         }
         for (candidate, view) in open.into_iter().zip(view.targets) {
-            let breaker = runtime
-                .breakers
-                .blocked_until(candidate.backend, now)
+            let (backend, deployment) = (candidate.backend, &*candidate.deployment);
+            let breakers = &runtime.breakers;
+            breakers.learn_target(backend, deployment, view.breaker, now);
+            let breaker = breakers
+                .blocked_until(backend, deployment, now)
                 .map(|until_ms| Excluded::BreakerOpen { until_ms });
             let exclusion = match view.exclusion {
                 Some(Exclusion::NotServed { .. }) => Some(Excluded::NotServed),
@@ -205,6 +208,8 @@ impl Opening {
 /// for an alias of up to [`INLINE_TARGETS`] targets.
 struct Reading<'a> {
     targets: SmallVec<[(&'a str, &'a str); INLINE_TARGETS]>,
+    /// Each target's breaker record, in the order of `targets`; empty when none has one.
+    target_breakers: SmallVec<[Option<Arc<str>>; INLINE_TARGETS]>,
     /// The backends, each once, in the order the view answers for them.
     ids: SmallVec<[BackendId; INLINE_TARGETS]>,
     backends: SmallVec<[BackendQuery<'a>; INLINE_TARGETS]>,
@@ -221,6 +226,14 @@ impl<'a> Reading<'a> {
             .iter()
             .map(|c| (name(c.backend), &*c.deployment))
             .collect();
+        let breakers = &runtime.breakers;
+        let mut target_breakers: SmallVec<[Option<Arc<str>>; INLINE_TARGETS]> = open
+            .iter()
+            .map(|c| breakers.target_record_id(c.backend, &c.deployment))
+            .collect();
+        if target_breakers.iter().all(Option::is_none) {
+            target_breakers.clear();
+        }
         let mut ids: SmallVec<[BackendId; INLINE_TARGETS]> =
             open.iter().map(|c| c.backend).collect();
         ids.sort_unstable();
@@ -235,6 +248,7 @@ impl<'a> Reading<'a> {
             .collect();
         Reading {
             targets,
+            target_breakers,
             ids,
             backends,
         }
@@ -243,6 +257,7 @@ impl<'a> Reading<'a> {
     fn query(&self) -> RoutingQuery<'_> {
         RoutingQuery {
             targets: &self.targets,
+            target_breakers: &self.target_breakers,
             backends: &self.backends,
         }
     }

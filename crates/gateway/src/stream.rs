@@ -266,6 +266,10 @@ pub struct Relay {
     transcript: Option<Transcript>,
     /// On a continuation: the caller's stream identity its chunks are rewritten to.
     rewrite: Option<Identity>,
+    /// On an answer started over: the text it must repeat before what follows reaches the caller.
+    repeat: Option<Repeat>,
+    /// The answer started over turned out other than the text the caller has.
+    diverged: bool,
     /// The upstream's events in the shape the relay sends (identity for OpenAI-shaped chat).
     translator: Box<dyn EventTranslator>,
     /// The event that ends the stream (`[DONE]`, an error), held back until the usage is told.
@@ -288,6 +292,78 @@ pub struct Identity {
     id: serde_json::Value,
     created: serde_json::Value,
     model: serde_json::Value,
+}
+
+/// How a relay continues the caller's cut stream (rule 5): in the caller's identity and, on a
+/// target that took no prefill and started the answer over, after repeating `repeat`, the text
+/// the caller already has.
+#[derive(Debug, Clone)]
+pub struct Continuing {
+    pub identity: Identity,
+    pub repeat: Option<Arc<str>>,
+}
+
+/// Why a continuation that started the answer over is given up.
+const DIVERGED: &str =
+    "the fallback started the answer over and it differs from the text already sent";
+
+/// The text an answer started over must repeat, and how much of it it has.
+#[derive(Debug)]
+struct Repeat {
+    text: Arc<str>,
+    matched: usize,
+}
+
+/// What one content event of an answer started over does to its [`Repeat`].
+enum Followed {
+    /// Still inside the repeated text: held back.
+    Within,
+    /// Past it: the event with only what follows the repeated text, if anything does.
+    Past(Option<Bytes>),
+    Diverged,
+}
+
+impl Repeat {
+    /// Follows one content event (in the caller's identity) of the answer started over.
+    fn follow(&mut self, event: &[u8]) -> Followed {
+        let Some(mut value) = event_json(event) else {
+            return Followed::Diverged;
+        };
+        let Some(choice) = value.get_mut("choices").and_then(|c| c.get_mut(0)) else {
+            return Followed::Within;
+        };
+        let finished = !choice["finish_reason"].is_null();
+        let Some(delta) = choice.get_mut("delta").and_then(|d| d.as_object_mut()) else {
+            return Followed::Diverged;
+        };
+        if delta.get("tool_calls").is_some_and(|t| !t.is_null()) {
+            return Followed::Diverged;
+        }
+        let text = delta
+            .get("content")
+            .and_then(|c| c.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let rest = self.text.get(self.matched..).unwrap_or_default();
+        if text.len() < rest.len() {
+            return match rest.starts_with(&text) && !finished {
+                true => {
+                    self.matched += text.len();
+                    Followed::Within
+                }
+                false => Followed::Diverged,
+            };
+        }
+        let Some(after) = text.strip_prefix(rest) else {
+            return Followed::Diverged;
+        };
+        self.matched = self.text.len();
+        if after.is_empty() && !finished {
+            return Followed::Past(None);
+        }
+        delta.insert("content".into(), after.into());
+        Followed::Past(Some(Bytes::from(format!("data: {value}\n\n"))))
+    }
 }
 
 /// The text and identity of what a stream sent to the caller.
@@ -410,6 +486,10 @@ impl Relay {
                 self.saw_finish |= finished;
                 notable.get_or_insert(kind);
             }
+            EventKind::Done | EventKind::Error if self.repeat.is_some() => {
+                *notable = Some(kind);
+                return self.diverge();
+            }
             EventKind::Done | EventKind::Error => {
                 self.finished = true;
                 *notable = Some(kind);
@@ -432,10 +512,32 @@ impl Relay {
                 None => return,
             },
         };
+        let event = match (self.repeat.as_mut(), kind) {
+            (Some(repeat), EventKind::Content { .. }) => match repeat.follow(&event) {
+                Followed::Within => return,
+                Followed::Past(rest) => {
+                    self.repeat = None;
+                    match rest {
+                        Some(event) => event,
+                        None => return,
+                    }
+                }
+                Followed::Diverged => return self.diverge(),
+            },
+            _ => event,
+        };
         if let (Some(transcript), EventKind::Content { .. }) = (self.transcript.as_mut(), kind) {
             transcript.record(&event);
         }
         self.ready.push_back(event);
+    }
+
+    /// Gives up an answer started over that is not the caller's: nothing more of it is sent.
+    fn diverge(&mut self) {
+        self.finished = true;
+        self.diverged = true;
+        self.terminal = None;
+        self.ready.clear();
     }
 
     /// The stream's usage so far, as its translator counted it.
@@ -458,24 +560,28 @@ impl Relay {
         Self::open_with(body, rules, first_token_by, None, translator).await
     }
 
-    /// Opens a continuation of the caller's stream `identity` (rule 5).
+    /// Opens a continuation of the caller's stream (rule 5).
     pub async fn open_continuing(
         body: UpstreamBody,
         rules: StreamRules,
         first_token_by: Instant,
-        identity: Identity,
+        continuing: Continuing,
         translator: Box<dyn EventTranslator>,
     ) -> Result<Relay, Failure> {
-        Self::open_with(body, rules, first_token_by, Some(identity), translator).await
+        Self::open_with(body, rules, first_token_by, Some(continuing), translator).await
     }
 
     async fn open_with(
         body: UpstreamBody,
         rules: StreamRules,
         first_token_by: Instant,
-        rewrite: Option<Identity>,
+        continuing: Option<Continuing>,
         translator: Box<dyn EventTranslator>,
     ) -> Result<Relay, Failure> {
+        let (rewrite, repeat) = match continuing {
+            Some(Continuing { identity, repeat }) => (Some(identity), repeat),
+            None => (None, None),
+        };
         let until = first_token_by.min(rules.deadline);
         let mut relay = Relay {
             body,
@@ -488,6 +594,8 @@ impl Relay {
             in_flight: None,
             transcript: rules.track_transcript.then(Transcript::default),
             rewrite,
+            repeat: repeat.map(|text| Repeat { text, matched: 0 }),
+            diverged: false,
             translator,
             terminal: None,
             redaction: None,
@@ -520,7 +628,10 @@ impl Relay {
                 return Step::Data(self.join(first));
             }
             if self.finished {
-                return Step::End;
+                return match self.diverged {
+                    true => Step::Cut(DIVERGED.to_owned()),
+                    false => Step::End,
+                };
             }
             let now = Instant::now();
             // An upstream that never pauses is held to the deadline too, not only one that waits.
@@ -744,6 +855,12 @@ impl Answering {
         }
         let identity = transcript.identity.clone()?;
         let mut next = continuer.continue_after(&transcript.text, identity).await?;
+        let mut transcript = transcript;
+        // What the continuation sent while it was opened is the caller's too.
+        if let Some(opened) = next.transcript.take() {
+            transcript.text.push_str(&opened.text);
+            transcript.tool_calls |= opened.tool_calls;
+        }
         next.transcript = Some(transcript);
         Some(next)
     }
@@ -772,6 +889,82 @@ impl Drop for Answering {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn chunk(content: &str, finish: Option<&str>) -> String {
+        let value = serde_json::json!({"id": "c1", "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]});
+        format!("data: {value}\n\n")
+    }
+
+    fn content_of(event: &[u8]) -> String {
+        let value = event_json(event).unwrap();
+        value["choices"][0]["delta"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn an_answer_started_over_is_held_back_until_it_repeats_the_text_sent_then_relayed_past_it() {
+        let mut repeat = Repeat {
+            text: Arc::from("Hello from first"),
+            matched: 0,
+        };
+        assert!(matches!(
+            repeat.follow(chunk("Hello", None).as_bytes()),
+            Followed::Within
+        ));
+        assert!(matches!(
+            repeat.follow(chunk(" from", None).as_bytes()),
+            Followed::Within
+        ));
+        let Followed::Past(Some(rest)) = repeat.follow(chunk(" first/gpt", None).as_bytes()) else {
+            panic!("past the repeated text")
+        };
+        assert_eq!(content_of(&rest), "/gpt");
+
+        // Exactly the text, then the finish alone.
+        let mut exact = Repeat {
+            text: Arc::from("Hi"),
+            matched: 0,
+        };
+        assert!(matches!(
+            exact.follow(chunk("Hi", None).as_bytes()),
+            Followed::Past(None)
+        ));
+    }
+
+    #[test]
+    fn an_answer_started_over_that_differs_or_ends_early_diverges() {
+        let repeat = || Repeat {
+            text: Arc::from("Hello from first"),
+            matched: 0,
+        };
+        assert!(matches!(
+            repeat().follow(chunk("Hello from second", None).as_bytes()),
+            Followed::Diverged
+        ));
+        assert!(matches!(
+            repeat().follow(chunk("Hi", None).as_bytes()),
+            Followed::Diverged
+        ));
+        assert!(matches!(
+            repeat().follow(chunk("Hello", Some("stop")).as_bytes()),
+            Followed::Diverged
+        ));
+        // A multi-byte character split differently is compared as text, never cut in two.
+        let mut accented = Repeat {
+            text: Arc::from("café"),
+            matched: 0,
+        };
+        assert!(matches!(
+            accented.follow(chunk("caf", None).as_bytes()),
+            Followed::Within
+        ));
+        assert!(matches!(
+            accented.follow(chunk("e", None).as_bytes()),
+            Followed::Diverged
+        ));
+    }
 
     #[test]
     fn the_framer_splits_events_across_reads() {

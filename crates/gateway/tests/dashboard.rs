@@ -159,8 +159,12 @@ async fn after_a_mix_of_answers_and_errors_the_dashboard_shows_the_open_breaker_
 
     let backends = data["backends"].as_array().unwrap();
     let bad = backends.iter().find(|b| b["name"] == "bad").unwrap();
-    assert_eq!(bad["breaker"]["state"], "open", "{bad}");
-    assert!(bad["breaker"]["next_probe_in_ms"]
+    // Its 500s opened the breaker of the target that answered them, not the backend's own.
+    assert_eq!(bad["breaker"]["state"], "closed", "{bad}");
+    let target = &bad["breaker"]["targets"][0];
+    assert_eq!(target["deployment"], "gpt-4o", "{bad}");
+    assert_eq!(target["state"], "open", "{bad}");
+    assert!(target["next_probe_in_ms"]
         .as_u64()
         .is_some_and(|ms| ms <= 60_000));
     let good = backends.iter().find(|b| b["name"] == "good").unwrap();

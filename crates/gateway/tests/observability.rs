@@ -142,14 +142,22 @@ async fn metrics_count_a_scripted_mix_exactly_and_parse_as_prometheus_text() {
     assert_eq!(
         value(
             &s,
-            "onedoor_breaker_state{backend=flaky,region=swedencentral}"
+            "onedoor_breaker_state{backend=flaky,deployment=gpt-4o,region=swedencentral}"
         ),
         2.0
     );
     assert_eq!(
         value(
             &s,
-            "onedoor_breaker_state{backend=steady,region=swedencentral}"
+            "onedoor_breaker_state{backend=flaky,deployment=,region=swedencentral}"
+        ),
+        0.0,
+        "the backend's own breaker saw no connection failure"
+    );
+    assert_eq!(
+        value(
+            &s,
+            "onedoor_breaker_state{backend=steady,deployment=,region=swedencentral}"
         ),
         0.0
     );
@@ -164,14 +172,14 @@ async fn metrics_count_a_scripted_mix_exactly_and_parse_as_prometheus_text() {
     assert_eq!(
         value(
             &s,
-            "onedoor_breaker_transitions_total{backend=flaky,to=open}"
+            "onedoor_breaker_transitions_total{backend=flaky,deployment=gpt-4o,to=open}"
         ),
         1.0
     );
     assert_eq!(
         value(
             &s,
-            "onedoor_breaker_transitions_total{backend=flaky,to=close}"
+            "onedoor_breaker_transitions_total{backend=flaky,deployment=gpt-4o,to=close}"
         ),
         0.0
     );

@@ -1,6 +1,6 @@
 //! Two gateway instances, each with its own runtime, sharing one real Redis (127.0.0.1:6379, a
 //! key prefix of their own per run): a tenant's limits hold exactly across both, a 404 learned by
-//! one is skipped by the other without asking, and a breaker tripped on one is open on the other.
+//! one is skipped by the other without asking, and a target's breaker tripped on one is open on the other.
 //! The memory-state twin of the first test shows why Redis is there: each instance counts alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -135,9 +135,10 @@ async fn a_deployment_one_instance_learned_is_missing_is_skipped_by_the_other_wi
 }
 
 #[tokio::test]
-async fn a_breaker_tripped_on_one_instance_is_open_on_the_other() {
+async fn a_targets_breaker_tripped_on_one_instance_is_open_on_the_other_and_its_backend_stays_served(
+) {
     let config = format!(
-        "{}circuit_breakers:\n  trip-once:\n    rules: [{{ name: server-errors, failures: {{ count: 1, within: 60s, status: [500-599] }}, trip: 30s }}]\nbackends:\n  - {{ name: bad, provider: azure, region: swedencentral, url: \"{{url:bad}}\", circuit_breaker: trip-once }}\n{}models:\n  - name: chat\n    targets:\n      - {{ backend: bad, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: good, deployment: gpt-4o, priority: 2 }}\n",
+        "{}circuit_breakers:\n  trip-once:\n    rules: [{{ name: server-errors, failures: {{ count: 1, within: 60s, status: [500-599] }}, trip: 30s }}]\nbackends:\n  - {{ name: bad, provider: azure, region: swedencentral, url: \"{{url:bad}}\", circuit_breaker: trip-once }}\n{}models:\n  - name: chat\n    targets:\n      - {{ backend: bad, deployment: gpt-4o, priority: 1 }}\n      - {{ backend: good, deployment: gpt-4o, priority: 2 }}\n  - name: mini\n    targets:\n      - {{ backend: bad, deployment: gpt-4o-mini, priority: 1 }}\n      - {{ backend: good, deployment: gpt-4o, priority: 2 }}\n",
         shared_state("breaker"),
         backend("good"),
     );
@@ -145,15 +146,19 @@ async fn a_breaker_tripped_on_one_instance_is_open_on_the_other() {
         vec![
             EndpointSpec::azure("bad", "swedencentral")
                 .deployment(DeploymentSpec::new("gpt-4o"))
-                .behavior(Behavior {
-                    status: Some(500),
-                    ..Behavior::default()
-                }),
+                .deployment(DeploymentSpec::new("gpt-4o-mini")),
             EndpointSpec::azure("good", "swedencentral").deployment(DeploymentSpec::new("gpt-4o")),
         ],
         &config,
     )
     .await;
+    h.endpoint("bad").set_deployment_behavior(
+        "gpt-4o",
+        Behavior {
+            status: Some(500),
+            ..Behavior::default()
+        },
+    );
     let b = another(&h, &config).await;
     let first = h.chat("chat").await;
     assert_eq!(first.status, 200);
@@ -161,11 +166,17 @@ async fn a_breaker_tripped_on_one_instance_is_open_on_the_other() {
     for _ in 0..5 {
         let on_b = chat_on(&h, &b, &chat_body("chat", false)).await;
         assert_eq!(on_b.attempts(), "good=200");
+        let on_b = chat_on(&h, &b, &chat_body("mini", false)).await;
+        assert_eq!(on_b.attempts(), "bad=200");
     }
-    assert_eq!(h.endpoint("bad").total_requests(), 1);
+    assert_eq!(h.endpoint("bad").requests("gpt-4o"), 1);
     let admin = admin_get_on(&h, &b, "/admin/backends").await;
     let bad = &admin.json()["backends"][0];
     assert_eq!(bad["name"], "bad");
-    assert_eq!(bad["breaker"]["state"], "open", "{}", admin.body);
-    assert_eq!(bad["breaker"]["trips"], 1);
+    let breaker = &bad["breaker"];
+    assert_eq!(breaker["state"], "closed", "{}", admin.body);
+    assert_eq!(breaker["targets"][0]["deployment"], "gpt-4o");
+    assert_eq!(breaker["targets"][0]["state"], "open", "{}", admin.body);
+    assert_eq!(breaker["targets"][0]["trips"], 1);
+    assert_eq!(breaker["targets"][1]["state"], "closed");
 }

@@ -198,7 +198,7 @@ async fn recording_one_stream(behavior: Behavior, db: &Path) -> Harness {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_stream_is_recorded_as_cut_with_estimated_tokens() {
+async fn a_cut_stream_is_recorded_as_cut_with_its_error_and_estimated_tokens() {
     let dir = temp_dir("cut");
     let db = dir.join("usage.db");
     let harness = recording_one_stream(
@@ -226,6 +226,15 @@ async fn a_cut_stream_is_recorded_as_cut_with_estimated_tokens() {
         )
         .unwrap();
     assert!(cut && stream);
+    // Its status line said 200; the record says what cut it.
+    let (status, error): (i64, Option<String>) = connection
+        .query_row(
+            "SELECT status, error FROM usage_records WHERE request_id = ?1",
+            [&id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((status, error.as_deref()), (200, Some("upstream_failed")));
     assert_eq!(source, "estimated");
     assert!(output > 0, "the content the caller got is counted");
     assert!(ttft.is_some());

@@ -19,6 +19,9 @@ pub struct Behavior {
     pub reset: bool,
     /// Streaming: drop the connection after this many content chunks.
     pub cut_after: Option<u32>,
+    /// With `cut_after`: only the first this many requests (of the deployment) are cut; later
+    /// ones play whole, as a replica of the same model would.
+    pub cut_first: Option<u64>,
     /// Delay before the first byte of the answer: headers for plain answers, first content chunk for streams.
     pub ttft_ms: u64,
     /// Gap between stream chunks.

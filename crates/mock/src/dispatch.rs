@@ -105,8 +105,13 @@ impl<'a> Exchange<'a> {
             api_version: route.as_ref().ok().and_then(|r| r.api_version.clone()),
             model: name.clone(),
         };
+        let mut behavior = shared.behavior_for(name.as_deref());
+        let seen = name.as_deref().map_or(0, |d| shared.requests(d));
+        if behavior.cut_first.is_some_and(|first| seen > first) {
+            behavior.cut_after = None;
+        }
         Exchange {
-            behavior: shared.behavior_for(name.as_deref()),
+            behavior,
             shared,
             wire,
             parts,

@@ -56,6 +56,47 @@ fn validate_prints_each_of_five_mistakes_at_its_location() {
     }
 }
 
+const BAD_BREAKER: &str = r#"circuit_breakers:
+  default:
+    rules:
+      - name: errors
+        failures: { count: 3, within: 30s, status: [5xx] }
+        trip: 30s
+        scope: endpoint
+        backoff: { factor: 0, max: 5s }
+backends:
+  - { name: se, provider: azure, region: swedencentral, url: "https://se.example", circuit_breaker: default }
+models:
+  - { name: chat, targets: [{ backend: se, deployment: gpt-4o }] }
+"#;
+
+#[test]
+fn validate_locates_a_breaker_rules_bad_scope_and_backoff() {
+    let path = temp_file("breaker", BAD_BREAKER);
+    let output = onedoor()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let file = path.display().to_string();
+    let expected = [
+        (7, "expected one of target, backend, found \"endpoint\""),
+        (8, "a backoff factor must be at least 1"),
+        (
+            8,
+            "the backoff max (5s) is shorter than the rule's trip (30s)",
+        ),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, (number, words)) in lines.iter().zip(expected) {
+        assert!(line.starts_with(&format!("{file}:{number}:")), "{line}");
+        assert!(line.contains(words), "{line} lacks {words}");
+    }
+}
+
 const JWT_MISTAKES: &str = r#"client_auth:
   jwt:
     - { issuer: login.microsoftonline.com/t/v2.0, audience: api://onedoor }

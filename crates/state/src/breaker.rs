@@ -1,11 +1,32 @@
-//! Circuit-breaker records: whether a backend's breaker is closed, open (until when) or half-open
-//! (and whether its one probe is out), with its consecutive re-opens and total trips. The rules
-//! that decide *when* to trip live in the gateway; the record is shared, so a breaker tripped on
-//! one instance is open on all of them and only one probe goes out at a time. The Redis script
-//! implements the same transitions.
+//! Circuit-breaker records: whether a breaker (of a backend, or of one target on it) is closed,
+//! open (until when) or half-open (and whether its one probe is out), with its consecutive
+//! re-opens and total trips. The rules that decide *when* to trip live in the gateway; the record
+//! is shared, so a breaker tripped on one instance is open on all of them and only one probe goes
+//! out at a time. The Redis script implements the same transitions.
 
-/// A re-open never lasts longer than this many times the base trip.
-pub const MAX_BACKOFF: u64 = 10;
+/// How long a failed probe re-opens a breaker: its base wait times `factor` for each consecutive
+/// re-open, at most `max_ms`, and never less than the base.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    pub factor: f64,
+    pub max_ms: u64,
+}
+
+impl Backoff {
+    /// Exactly the base wait every time (an upstream's Retry-After).
+    pub const NONE: Backoff = Backoff {
+        factor: 1.0,
+        max_ms: 0,
+    };
+
+    /// The wait of the `reopens`-th consecutive re-open after a base of `base_ms`.
+    pub fn wait(&self, base_ms: u64, reopens: u32) -> u64 {
+        let exponent = i32::try_from(reopens).unwrap_or(i32::MAX);
+        let grown = base_ms as f64 * self.factor.max(1.0).powi(exponent);
+        // `as` saturates: an overflowing product is the cap.
+        (grown.min(self.max_ms as f64) as u64).max(base_ms)
+    }
+}
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum BreakerPhase {
@@ -83,18 +104,10 @@ impl Record {
         }
     }
 
-    pub fn reopen(&mut self, now: u64, base_ms: u64, exact: bool) {
+    pub fn reopen(&mut self, now: u64, base_ms: u64, backoff: Backoff) {
         if matches!(self.phase(now), BreakerPhase::HalfOpen { .. }) {
             self.reopens = self.reopens.saturating_add(1);
-            let wait = if exact {
-                base_ms
-            } else {
-                let factor = 1u64
-                    .checked_shl(self.reopens)
-                    .unwrap_or(u64::MAX)
-                    .min(MAX_BACKOFF);
-                base_ms.saturating_mul(factor)
-            };
+            let wait = backoff.wait(base_ms, self.reopens);
             self.open(now, wait.max(1));
         }
     }
@@ -152,13 +165,17 @@ mod tests {
     }
 
     #[test]
-    fn failed_probes_re_open_with_doubling_backoff_capped_at_ten_times() {
+    fn failed_probes_re_open_with_the_backoff_up_to_its_cap() {
+        let backoff = Backoff {
+            factor: 2.0,
+            max_ms: 1000,
+        };
         let mut r = Record::default();
         r.trip(0, 100);
         let mut now = 100;
         for expected in [200, 400, 800, 1000, 1000] {
             assert_eq!(r.claim(now, 50), Claim::Probe);
-            r.reopen(now, 100, false);
+            r.reopen(now, 100, backoff);
             assert_eq!(
                 r.phase(now),
                 BreakerPhase::Open {
@@ -183,7 +200,21 @@ mod tests {
         assert_eq!(r.claim(111, 100), Claim::Busy);
         assert_eq!(r.claim(112, 100), Claim::Probe);
         // An exact re-open (Retry-After) has no backoff.
-        r.reopen(113, 1500, true);
+        r.reopen(113, 1500, Backoff::NONE);
         assert_eq!(r.phase(113), BreakerPhase::Open { remaining_ms: 1500 });
+    }
+
+    #[test]
+    fn a_backoff_never_waits_less_than_its_base_nor_more_than_its_cap_after_that() {
+        let slow = Backoff {
+            factor: 1.5,
+            max_ms: 60_000,
+        };
+        assert_eq!(slow.wait(1000, 1), 1500);
+        assert_eq!(slow.wait(1000, 2), 2250);
+        assert_eq!(slow.wait(1000, u32::MAX), 60_000);
+        // A cap below the base keeps the base.
+        assert_eq!(slow.wait(90_000, 3), 90_000);
+        assert_eq!(Backoff::NONE.wait(700, 9), 700);
     }
 }

@@ -14,9 +14,10 @@ mod redis;
 mod store;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub use breaker::{BreakerPhase, BreakerRecord, Claim};
+pub use breaker::{Backoff, BreakerPhase, BreakerRecord, Claim};
 pub use memory::MemoryState;
 pub use meter::{
     day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal,
@@ -71,11 +72,21 @@ pub struct Entry {
 pub struct Unavailable;
 
 /// What one routing decision needs to know, read in one go: for each target, whether it is
-/// excluded or known to serve; for each backend, its breaker and (when it is metered) its usage.
+/// excluded or known to serve, and its breaker; for each backend, its breaker and (when it is
+/// metered) its usage.
 #[derive(Debug, Clone, Copy)]
 pub struct RoutingQuery<'a> {
     pub targets: &'a [(&'a str, &'a str)],
+    /// The breaker record of each target, in the order of `targets` (missing at the end: none).
+    pub target_breakers: &'a [Option<Arc<str>>],
     pub backends: &'a [BackendQuery<'a>],
+}
+
+impl RoutingQuery<'_> {
+    /// The breaker record of the `i`-th target, when it has one.
+    pub fn target_breaker(&self, i: usize) -> Option<&str> {
+        self.target_breakers.get(i).and_then(Option::as_deref)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +112,8 @@ pub struct TargetView {
     pub exclusion: Option<Exclusion>,
     /// It answered this deployment recently (discovery asks it first).
     pub served: bool,
+    /// Its own breaker (closed when it has none).
+    pub breaker: BreakerPhase,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -170,13 +183,13 @@ pub trait State: Send + Sync + 'static {
 
     /// Opens a closed breaker for `wait_ms`; an open or half-open one is left as it is.
     fn trip(&self, id: &str, wait_ms: u64) -> impl Future<Output = BreakerRecord> + Send;
-    /// A failed probe: re-opens a half-open breaker for `base_ms`, doubled for each consecutive
-    /// re-open up to ten times (`exact`: for `base_ms`, no backoff).
+    /// A failed probe: re-opens a half-open breaker for `base_ms` grown by `backoff` for each
+    /// consecutive re-open ([`Backoff::wait`]).
     fn reopen(
         &self,
         id: &str,
         base_ms: u64,
-        exact: bool,
+        backoff: Backoff,
     ) -> impl Future<Output = BreakerRecord> + Send;
     /// The one probe of a half-open breaker, held for at most `lease_ms`.
     fn claim_probe(&self, id: &str, lease_ms: u64) -> impl Future<Output = Claim> + Send;

@@ -14,8 +14,8 @@ use crate::meter::{
     MeterUsage, Refusal, Reservation, Settlement, Verdict, Window,
 };
 use crate::{
-    now_ms, BackendView, BreakerRecord, Claim, Entry, Exclusion, RoutingQuery, RoutingView, State,
-    TargetKey, TargetView, Unavailable,
+    now_ms, BackendView, Backoff, BreakerPhase, BreakerRecord, Claim, Entry, Exclusion,
+    RoutingQuery, RoutingView, State, TargetKey, TargetView, Unavailable,
 };
 
 type Pair = (String, String);
@@ -250,7 +250,8 @@ impl MemoryState {
         let targets = query
             .targets
             .iter()
-            .map(|(backend, deployment)| {
+            .enumerate()
+            .map(|(i, (backend, deployment))| {
                 let exclusion = match self.not_served.live(backend, deployment, now) {
                     Some(remaining_ms) => Some(Exclusion::NotServed { remaining_ms }),
                     None => self
@@ -261,6 +262,7 @@ impl MemoryState {
                 TargetView {
                     exclusion,
                     served: self.served.live(backend, deployment, now).is_some(),
+                    breaker: self.phase_of(query.target_breaker(i), now),
                 }
             })
             .collect();
@@ -269,10 +271,7 @@ impl MemoryState {
             .backends
             .iter()
             .map(|b| BackendView {
-                breaker: b
-                    .breaker
-                    .and_then(|id| self.breakers.get(id).map(|r| r.phase(now)))
-                    .unwrap_or_default(),
+                breaker: self.phase_of(b.breaker, now),
                 usage: b.metered.then(|| {
                     self.meters
                         .get(&MeterKey::backend(b.name))
@@ -474,6 +473,12 @@ impl MemoryState {
             .collect()
     }
 
+    fn phase_of(&self, breaker: Option<&str>, now: u64) -> BreakerPhase {
+        breaker
+            .and_then(|id| self.breakers.get(id).map(|r| r.phase(now)))
+            .unwrap_or_default()
+    }
+
     fn with_record<T>(&self, id: &str, change: impl FnOnce(&mut Record, u64) -> T) -> T {
         let now = self.now();
         let mut record = self.breakers.entry(id.to_owned()).or_default();
@@ -487,9 +492,9 @@ impl MemoryState {
         })
     }
 
-    pub(crate) fn reopen_now(&self, id: &str, base_ms: u64, exact: bool) -> BreakerRecord {
+    pub(crate) fn reopen_now(&self, id: &str, base_ms: u64, backoff: Backoff) -> BreakerRecord {
         self.with_record(id, |r, now| {
-            r.reopen(now, base_ms, exact);
+            r.reopen(now, base_ms, backoff);
             r.view(now)
         })
     }
@@ -580,8 +585,8 @@ impl State for MemoryState {
         self.trip_now(id, wait_ms)
     }
 
-    async fn reopen(&self, id: &str, base_ms: u64, exact: bool) -> BreakerRecord {
-        self.reopen_now(id, base_ms, exact)
+    async fn reopen(&self, id: &str, base_ms: u64, backoff: Backoff) -> BreakerRecord {
+        self.reopen_now(id, base_ms, backoff)
     }
 
     async fn claim_probe(&self, id: &str, lease_ms: u64) -> Claim {
@@ -616,6 +621,7 @@ mod tests {
         state
             .routing_now(RoutingQuery {
                 targets: &[(backend, deployment)],
+                target_breakers: &[],
                 backends: &[],
             })
             .targets[0]
@@ -811,6 +817,7 @@ mod tests {
             state
                 .routing_now(RoutingQuery {
                     targets: &[],
+                    target_breakers: &[],
                     backends: &[backend],
                 })
                 .backends[0]
@@ -844,5 +851,26 @@ mod tests {
         clock.store(500, Ordering::Relaxed);
         assert_eq!(state.claim_now("b#p", 100), Claim::Probe);
         assert_eq!(state.claim_now("other", 100), Claim::Closed);
+    }
+
+    #[test]
+    fn the_routing_view_reads_each_targets_own_breaker() {
+        let (state, _clock) = clocked(0);
+        state.trip_now("b#p@gpt-4o", 700);
+        let ids: [Option<Arc<str>>; 2] = [Some("b#p@gpt-4o".into()), Some("b#p@mini".into())];
+        let view = state.routing_now(RoutingQuery {
+            targets: &[("b", "gpt-4o"), ("b", "mini"), ("c", "x")],
+            target_breakers: &ids,
+            backends: &[],
+        });
+        let phases: Vec<_> = view.targets.iter().map(|t| t.breaker).collect();
+        assert_eq!(
+            phases,
+            [
+                BreakerPhase::Open { remaining_ms: 700 },
+                BreakerPhase::Closed,
+                BreakerPhase::Closed
+            ]
+        );
     }
 }

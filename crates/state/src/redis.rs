@@ -12,7 +12,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
 
-use crate::breaker::{BreakerPhase, BreakerRecord, Claim};
+use crate::breaker::{Backoff, BreakerPhase, BreakerRecord, Claim};
 use crate::meter::{
     Ask, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, Verdict,
 };
@@ -402,17 +402,16 @@ impl RedisState {
         Some(entries)
     }
 
-    async fn breaker_op(&self, id: &str, op: &'static str, args: [u64; 2]) -> Option<Vec<i64>> {
+    /// One transition of breaker `id` (breaker.lua): `op` with its numbers.
+    async fn breaker_op(&self, id: &str, op: &'static str, args: &[f64]) -> Option<Vec<i64>> {
         let key = self.keys.breaker(id);
         self.call(|mut c| async move {
-            SCRIPTS
-                .breaker
-                .key(key)
-                .arg(op)
-                .arg(args[0])
-                .arg(args[1])
-                .invoke_async(&mut c)
-                .await
+            let mut call = SCRIPTS.breaker.key(key);
+            call.arg(op);
+            for number in args {
+                call.arg(*number);
+            }
+            call.invoke_async(&mut c).await
         })
         .await
     }
@@ -438,6 +437,11 @@ impl RedisState {
                 (false, false) => "00",
             };
             args.push(flags.to_owned());
+        }
+        if query.target_breakers.iter().any(Option::is_some) {
+            for i in 0..query.targets.len() {
+                keys.push(self.keys.breaker(query.target_breaker(i).unwrap_or("-")));
+            }
         }
         (keys, args)
     }
@@ -473,7 +477,7 @@ impl RedisState {
 
 fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
     let remaining = |v: i64| u64::try_from(v).ok().filter(|v| *v > 0);
-    let targets = (0..query.targets.len())
+    let mut targets: Vec<TargetView> = (0..query.targets.len())
         .map(|i| {
             let at = 3 * i;
             let not_served = remaining(values.get(at).copied().unwrap_or(-1));
@@ -485,6 +489,7 @@ fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
                     (None, None) => None,
                 },
                 served: values.get(at + 2).copied() == Some(1),
+                breaker: BreakerPhase::Closed,
             }
         })
         .collect();
@@ -509,6 +514,14 @@ fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
             }
         })
         .collect();
+    let breakers = base + 7 * query.backends.len();
+    if values.len() > breakers {
+        for (i, target) in targets.iter_mut().enumerate() {
+            let at = breakers + 2 * i;
+            let get = |k: usize| values.get(at + k).copied().unwrap_or(0);
+            target.breaker = phase(get(0), get(1));
+        }
+    }
     RoutingView { targets, backends }
 }
 
@@ -695,24 +708,22 @@ impl State for RedisState {
     }
 
     async fn trip(&self, id: &str, wait_ms: u64) -> BreakerRecord {
-        match self.breaker_op(id, "trip", [wait_ms, 0]).await {
+        match self.breaker_op(id, "trip", &[wait_ms as f64]).await {
             Some(values) => record(&values),
             None => self.local.trip_now(id, wait_ms),
         }
     }
 
-    async fn reopen(&self, id: &str, base_ms: u64, exact: bool) -> BreakerRecord {
-        match self
-            .breaker_op(id, "reopen", [base_ms, u64::from(exact)])
-            .await
-        {
+    async fn reopen(&self, id: &str, base_ms: u64, backoff: Backoff) -> BreakerRecord {
+        let args = [base_ms as f64, backoff.factor, backoff.max_ms as f64];
+        match self.breaker_op(id, "reopen", &args).await {
             Some(values) => record(&values),
-            None => self.local.reopen_now(id, base_ms, exact),
+            None => self.local.reopen_now(id, base_ms, backoff),
         }
     }
 
     async fn claim_probe(&self, id: &str, lease_ms: u64) -> Claim {
-        let Some(values) = self.breaker_op(id, "claim", [lease_ms, 0]).await else {
+        let Some(values) = self.breaker_op(id, "claim", &[lease_ms as f64]).await else {
             return self.local.claim_now(id, lease_ms);
         };
         if values.get(4).copied() == Some(1) {
@@ -726,19 +737,19 @@ impl State for RedisState {
     }
 
     async fn close(&self, id: &str) {
-        if self.breaker_op(id, "close", [0, 0]).await.is_none() {
+        if self.breaker_op(id, "close", &[]).await.is_none() {
             self.local.close_now(id);
         }
     }
 
     async fn release_probe(&self, id: &str) {
-        if self.breaker_op(id, "release", [0, 0]).await.is_none() {
+        if self.breaker_op(id, "release", &[]).await.is_none() {
             self.local.release_now(id);
         }
     }
 
     async fn breaker(&self, id: &str) -> Result<BreakerRecord, Unavailable> {
-        match self.breaker_op(id, "read", [0, 0]).await {
+        match self.breaker_op(id, "read", &[]).await {
             Some(values) => Ok(record(&values)),
             None => self.fallback(|local| local.breaker_now(id)),
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::meter::{Ask, MeterKey, MeterUsage, Reservation, Settlement, Verdict};
 use crate::redis::{OnError, RedisConfig, RedisState};
 use crate::{
-    BreakerRecord, Claim, Entry, MemoryState, RoutingQuery, RoutingView, State, TargetKey,
+    Backoff, BreakerRecord, Claim, Entry, MemoryState, RoutingQuery, RoutingView, State, TargetKey,
     Unavailable,
 };
 
@@ -248,8 +248,8 @@ impl State for Store {
         delegate!(self, s => s.trip(id, wait_ms))
     }
 
-    async fn reopen(&self, id: &str, base_ms: u64, exact: bool) -> BreakerRecord {
-        delegate!(self, s => s.reopen(id, base_ms, exact))
+    async fn reopen(&self, id: &str, base_ms: u64, backoff: Backoff) -> BreakerRecord {
+        delegate!(self, s => s.reopen(id, base_ms, backoff))
     }
 
     async fn claim_probe(&self, id: &str, lease_ms: u64) -> Claim {

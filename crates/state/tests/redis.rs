@@ -3,11 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use onedoor_state::{
-    Ask, BackendQuery, BreakerPhase, Charge, Claim, Exclusion, Limit, MeterKey, MeterLimits,
-    OnError, RedisConfig, RedisState, RoutingQuery, Settlement, State, TargetKey, Verdict,
+    Ask, BackendQuery, Backoff, BreakerPhase, Charge, Claim, Exclusion, Limit, MeterKey,
+    MeterLimits, OnError, RedisConfig, RedisState, RoutingQuery, Settlement, State, TargetKey,
+    Verdict,
 };
 
 const REDIS: &str = "127.0.0.1:6379";
@@ -225,9 +227,12 @@ async fn the_routing_view_reads_what_was_taught_and_breakers() {
             metered: true,
         },
     ];
+    store.trip("b#p@gpt-4o", 4_000).await;
+    let target_breakers: [Option<Arc<str>>; 2] = [None, Some("b#p@gpt-4o".into())];
     let view = store
         .routing(RoutingQuery {
             targets: &[("a", "gpt-4o"), ("b", "gpt-4o"), ("c", "x")],
+            target_breakers: &target_breakers,
             backends: &backends,
         })
         .await
@@ -239,6 +244,14 @@ async fn the_routing_view_reads_what_was_taught_and_breakers() {
         matches!(view.targets[1].exclusion, Some(Exclusion::CoolingDown { remaining_ms }) if remaining_ms > 4_000)
     );
     assert!(view.targets[2].served && view.targets[2].exclusion.is_none());
+    let target_phases: Vec<_> = view.targets.iter().map(|t| t.breaker).collect();
+    assert!(
+        matches!(
+            target_phases[..],
+            [BreakerPhase::Closed, BreakerPhase::Open { remaining_ms }, BreakerPhase::Closed] if remaining_ms > 3_000
+        ),
+        "{target_phases:?}"
+    );
     assert!(matches!(
         view.backends[0].breaker,
         BreakerPhase::Open { .. }
@@ -263,13 +276,35 @@ async fn a_half_open_breaker_gives_out_one_probe_and_backs_off_on_failure() {
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     assert_eq!(store.claim_probe("b#p", 60_000).await, Claim::Probe);
     assert_eq!(store.claim_probe("b#p", 60_000).await, Claim::Busy);
-    let reopened = store.reopen("b#p", 1000, false).await;
-    assert_eq!(reopened.phase, BreakerPhase::Open { remaining_ms: 2000 });
+    let backoff = Backoff {
+        factor: 2.5,
+        max_ms: 4000,
+    };
+    let reopened = store.reopen("b#p", 1000, backoff).await;
+    assert_eq!(reopened.phase, BreakerPhase::Open { remaining_ms: 2500 });
     assert_eq!((reopened.reopens, reopened.trips), (1, 2));
     assert!(matches!(
         store.claim_probe("b#p", 1000).await,
         Claim::Open { .. }
     ));
+    // Consecutive failed probes wait 2 ms x 1.5, then x 1.5 again capped at 4 ms.
+    let capped = redis("breaker-capped").await;
+    let short = Backoff {
+        factor: 1.5,
+        max_ms: 4,
+    };
+    capped.trip("c", 1).await;
+    for expected in [3, 4, 4] {
+        tokio::time::sleep(std::time::Duration::from_millis(6)).await;
+        assert_eq!(capped.claim_probe("c", 1000).await, Claim::Probe);
+        let reopened = capped.reopen("c", 2, short).await;
+        assert_eq!(
+            reopened.phase,
+            BreakerPhase::Open {
+                remaining_ms: expected
+            }
+        );
+    }
     let exact = redis("breaker-exact").await;
     exact.trip("x", 1).await;
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
@@ -310,6 +345,7 @@ async fn admission_and_routing_view_in_one_round_trip_decide_as_two_calls_would(
     }];
     let query = RoutingQuery {
         targets: &[("b", "gpt-4o")],
+        target_breakers: &[],
         backends: &backends,
     };
     for round in 0..3 {
@@ -348,6 +384,7 @@ async fn a_flushed_script_is_loaded_again_without_charging_twice() {
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let query = RoutingQuery {
         targets: &[("b", "gpt-4o")],
+        target_breakers: &[],
         backends: &[],
     };
     let _: () = redis::cmd("SCRIPT")
@@ -443,6 +480,7 @@ async fn burst<S: State>(store: &S) -> (onedoor_state::MeterUsage, onedoor_state
     }];
     let query = RoutingQuery {
         targets: &[],
+        target_breakers: &[],
         backends: &backends,
     };
     let view = store.routing(query).await.unwrap();

@@ -49,5 +49,6 @@ pub(crate) fn testing_record(request_id: &str) -> UsageRecord {
         attempts: "sub1-fr=200".into(),
         stream: true,
         stream_cut: false,
+        error: None,
     }
 }

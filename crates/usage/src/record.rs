@@ -77,6 +77,10 @@ pub struct UsageRecord {
     pub stream: bool,
     /// The stream ended with an error event instead of its answer.
     pub stream_cut: bool,
+    /// The error code the request ended with, whatever its status line said: a cut stream's is
+    /// what cut it. `None` when it was answered.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 impl UsageRecord {

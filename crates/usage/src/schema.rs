@@ -35,6 +35,8 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_records_at ON usage_records (at_ms);",
     // 2: the input tokens written to a prompt cache (part of input_tokens, like cached_tokens).
     "ALTER TABLE usage_records ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0;",
+    // 3: the error code a request ended with.
+    "ALTER TABLE usage_records ADD COLUMN error TEXT;",
 ];
 
 /// The version a store is at once every migration is applied.
@@ -72,6 +74,7 @@ pub const COLUMNS: &[&str] = &[
     "stream",
     "stream_cut",
     "cache_write_tokens",
+    "error",
 ];
 
 /// An insert of `rows` records that keeps the row already there for a request id;
@@ -125,6 +128,7 @@ pub struct Row<'a> {
     pub stream: bool,
     pub stream_cut: bool,
     pub cache_write_tokens: i64,
+    pub error: Option<&'a str>,
 }
 
 impl<'a> Row<'a> {
@@ -153,6 +157,7 @@ impl<'a> Row<'a> {
             stream: record.stream,
             stream_cut: record.stream_cut,
             cache_write_tokens: int(record.tokens.cache_write),
+            error: record.error.as_deref(),
         }
     }
 }

@@ -171,7 +171,8 @@ fn insert_rows(
             .bind(r.attempt_trail)?
             .bind(r.stream)?
             .bind(r.stream_cut)?
-            .bind(r.cache_write_tokens)?;
+            .bind(r.cache_write_tokens)?
+            .bind(r.error)?;
     }
     let (bound, expected) = (binder.bound, statement.parameter_count());
     if bound != expected {
@@ -273,7 +274,7 @@ mod tests {
             .collect();
         let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
         let rest =
-            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0|5";
+            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0|5|null";
         assert_eq!(
             rows,
             [
@@ -292,6 +293,41 @@ mod tests {
         let rows = store.report(&ReportQuery::default()).unwrap();
         assert_eq!(rows[0].requests, 2);
         assert_eq!(rows[0].input_tokens, 2 * records[0].tokens.input);
+    }
+
+    #[test]
+    fn a_file_of_the_first_schema_gains_the_error_column_and_keeps_its_rows() {
+        let path = temp_db("first-schema");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(schema::CREATE_VERSION_TABLE).unwrap();
+        old.execute_batch(schema::MIGRATIONS[0]).unwrap();
+        old.execute_batch(
+            "INSERT INTO schema_version VALUES (1, 0);
+             INSERT INTO usage_records VALUES ('old', 0, '1970-01-01', 't', 'k', 'a', NULL, NULL, NULL, 200, 1, 1, 0, 'measured', 2, 0.0, 1, NULL, 1, 'b=200', 1, 0);",
+        )
+        .unwrap();
+        drop(old);
+        let mut store = SqliteStore::open_existing(&path).unwrap();
+        let mut cut = crate::testing_record("cut");
+        cut.stream_cut = true;
+        cut.error = Some("upstream_failed".into());
+        assert_eq!(store.insert(&[cut]).unwrap(), 1);
+        let errors: Vec<(String, Option<String>)> = store
+            .connection
+            .prepare("SELECT request_id, error FROM usage_records ORDER BY request_id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            errors,
+            [
+                ("cut".to_owned(), Some("upstream_failed".to_owned())),
+                ("old".to_owned(), None)
+            ]
+        );
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn record(run: &str, n: u64) -> UsageRecord {
         attempts: "sub1-fr=200".into(),
         stream: false,
         stream_cut: false,
+        error: None,
     }
 }
 

@@ -329,7 +329,7 @@
     const answered = last.requests - five.requests;
     const failed = errorsOf(last) - errorsOf(five);
     const share = answered > 0 ? (100 * failed) / answered : 0;
-    const open = data.backends.filter((b) => b.breaker.state !== 'closed').length;
+    const open = data.backends.reduce((sum, b) => sum + tripped(b.breaker).length + (b.breaker.state !== 'closed' ? 1 : 0), 0);
     const out = data.backends.filter((b) => b.drained || !b.healthy).length;
     const inFlight = data.backends.reduce((sum, b) => sum + ((b.load && b.load.this_instance.in_flight) || 0), 0);
     const window = duration(last.at_ms - hour.at_ms) || '0s';
@@ -357,7 +357,13 @@
     return h('div', { class: 'bar' + tone, title: Math.round(share * 100) + '% used' }, fill, h('div', { class: 'text' }, format(used || 0) + ' / ' + format(limit)));
   }
 
-  function breakerCell(breaker) {
+  // The targets of a backend whose own breakers are not closed.
+  function tripped(breaker) {
+    return (breaker.targets || []).filter((t) => t.state !== 'closed');
+  }
+
+  // One breaker's pill, with its next probe and trips.
+  function breakerLine(breaker, name) {
     const state = breaker.state;
     const label = state === 'half_open' ? 'half-open' : state;
     const extra = [];
@@ -365,10 +371,21 @@
     if (state === 'half_open') extra.push('probing');
     if (breaker.trips > 0) extra.push(breaker.trips + ' trip' + (breaker.trips === 1 ? '' : 's'));
     return h(
-      'td',
-      { class: 'breaker', 'data-breaker': state, title: breaker.policy ? 'policy ' + breaker.policy : 'no circuit_breaker' },
+      'div',
+      { 'data-breaker': state, 'data-deployment': name || null },
+      name ? h('span', { class: 'small' }, name + ' ') : null,
       h('span', { class: 'pill ' + state }, label),
       extra.length ? h('span', { class: 'muted small' }, ' ' + extra.join(' · ')) : null,
+    );
+  }
+
+  // The backend's own breaker (connection failures), then each target's that is not closed.
+  function breakerCell(breaker) {
+    return h(
+      'td',
+      { class: 'breaker', 'data-breaker': breaker.state, title: breaker.policy ? 'policy ' + breaker.policy : 'no circuit_breaker' },
+      breakerLine(breaker, null),
+      tripped(breaker).map((t) => breakerLine(t, t.deployment)),
     );
   }
 
@@ -390,7 +407,7 @@
         const cooling = b.cooling_down.length;
         return h(
           'tr',
-          { 'data-backend': b.name, class: b.breaker.state === 'open' ? 'alert' : b.breaker.state === 'half_open' ? 'caution' : null },
+          { 'data-backend': b.name, class: b.breaker.state === 'open' ? 'alert' : b.breaker.state === 'half_open' || tripped(b.breaker).length ? 'caution' : null },
           h('td', null, h('div', { class: 'strong' }, b.name), h('div', { class: 'muted small' }, b.provider + ' · ' + b.region)),
           breakerCell(b.breaker),
           rotationCell(b),

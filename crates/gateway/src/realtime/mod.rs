@@ -177,6 +177,7 @@ async fn accept(
         attempts: seen.trail.header(),
         stream: true,
         stream_cut: false,
+        error: None,
     };
     tracing::info!(
         request_id,

@@ -1,6 +1,6 @@
 -- A breaker record's transitions, as in breaker.rs. KEYS[1]: the record.
 -- ARGV: operation (read, trip, reopen, claim, close, release), then its numbers:
--- trip WAIT_MS; reopen BASE_MS EXACT(0/1); claim LEASE_MS.
+-- trip WAIT_MS; reopen BASE_MS FACTOR MAX_MS (Backoff::wait in breaker.rs); claim LEASE_MS.
 -- Returns {phase (0 closed, 1 open, 2 half-open, 3 half-open probing), open ms left, reopens,
 -- trips, 1 when this call got the probe}.
 local v = redis.call('HMGET', KEYS[1], 'o', 'p', 'r', 'n')
@@ -22,8 +22,9 @@ if op == 'trip' and code == 0 then
   changed = true
 elseif op == 'reopen' and code >= 2 then
   r = r + 1
-  local wait = tonumber(ARGV[2])
-  if ARGV[3] ~= '1' then wait = wait * math.min(2 ^ r, 10) end
+  local base = tonumber(ARGV[2])
+  local grown = base * math.max(tonumber(ARGV[3]), 1) ^ r
+  local wait = math.max(math.floor(math.min(grown, tonumber(ARGV[4]))), base)
   o, p, n = now + math.max(wait, 1), 0, n + 1
   changed = true
 elseif op == 'claim' and code == 2 then

@@ -1,13 +1,23 @@
 -- Everything one routing decision reads, in one round trip.
 -- KEYS: not-served, cooldown and served hashes; then per backend: breaker record, meter window,
--- meter in-flight set.
+-- meter in-flight set; then, when any target has a breaker, each target's breaker record.
 -- ARGV: target count N, N target fields, then per backend two flags ("10": breaker, not metered).
 -- Returns per target: not-served ms left (-1 none), cooldown ms left (-1 none), served (0/1);
 -- per backend: breaker phase (0 closed, 1 open, 2 half-open, 3 half-open probing), open ms left,
 -- requests and tokens in the rolling minute, in flight, requests and tokens of the last ten
--- seconds (the last five -1 when not metered).
+-- seconds (the last five -1 when not metered); then, when the target breakers were given, per
+-- target its breaker phase and open ms left.
 local n = tonumber(ARGV[1])
 local out = {}
+local function breaker_phase(key)
+  local v = redis.call('HMGET', key, 'o', 'p')
+  local o = v[1] and tonumber(v[1]) or 0
+  local p = v[2] and tonumber(v[2]) or 0
+  if o == 0 then return 0, 0
+  elseif now < o then return 1, o - now
+  elseif p > now then return 3, 0 end
+  return 2, 0
+end
 if n > 0 then
   local fields = {}
   for i = 1, n do fields[i] = ARGV[1 + i] end
@@ -24,18 +34,12 @@ if n > 0 then
   end
 end
 local oldest = math.floor(now / 1000) - 59
-local backends = (#KEYS - 3) / 3
+local backends = #ARGV - 1 - n
 for j = 1, backends do
   local flags = ARGV[1 + n + j]
   local phase, left = 0, 0
   if string.sub(flags, 1, 1) == '1' then
-    local v = redis.call('HMGET', KEYS[3 * j + 1], 'o', 'p')
-    local o = v[1] and tonumber(v[1]) or 0
-    local p = v[2] and tonumber(v[2]) or 0
-    if o == 0 then phase = 0
-    elseif now < o then phase, left = 1, o - now
-    elseif p > now then phase = 3
-    else phase = 2 end
+    phase, left = breaker_phase(KEYS[3 * j + 1])
   end
   out[#out + 1] = phase
   out[#out + 1] = left
@@ -65,6 +69,13 @@ for j = 1, backends do
     out[#out + 1] = t10
   else
     for _ = 1, 5 do out[#out + 1] = -1 end
+  end
+end
+if #KEYS > 3 + 3 * backends then
+  for i = 1, n do
+    local phase, left = breaker_phase(KEYS[3 + 3 * backends + i])
+    out[#out + 1] = phase
+    out[#out + 1] = left
   end
 end
 return out
