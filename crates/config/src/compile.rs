@@ -9,8 +9,8 @@ use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
 use crate::{
-    backends, breakers, connections, models, realtime, regions, routing, service, telemetry,
-    tenants,
+    backends, breakers, connections, models, realtime, regions, routing, service, shutdown,
+    telemetry, tenants,
 };
 
 const SECTIONS: &[&str] = &[
@@ -29,6 +29,7 @@ const SECTIONS: &[&str] = &[
     "models",
     "tenants",
     "telemetry",
+    "shutdown",
 ];
 
 /// Compile the whole tree. Problems go to `p`; when there are any the snapshot is incomplete and
@@ -68,6 +69,7 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         tenants: tenants.list,
         keys_by_hash: tenants.keys_by_hash,
         telemetry: telemetry::telemetry(f.get("telemetry"), p),
+        shutdown: shutdown::shutdown(f.get("shutdown"), p),
     }
 }
 

@@ -50,6 +50,8 @@ pub struct Runtime {
     pub traces: Arc<crate::trace::Traces>,
     /// The span exporter, when `telemetry.otlp` is configured; shared while it is unchanged.
     pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    /// Where the listeners are in a stop; shared by every runtime of the gateway.
+    pub stopping: Arc<crate::stopping::Stopping>,
 }
 
 impl Runtime {
@@ -98,6 +100,7 @@ impl Runtime {
             metrics: Arc::default(),
             traces: Arc::default(),
             telemetry: None,
+            stopping: Arc::default(),
         }
     }
 
@@ -114,6 +117,7 @@ impl Runtime {
         next.metrics = self.metrics.clone();
         next.traces = self.traces.clone();
         next.telemetry = crate::telemetry::carry_over(&self.telemetry, &next.snapshot);
+        next.stopping = self.stopping.clone();
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&*backend.name) else {
                 continue;

@@ -450,13 +450,16 @@ async fn quiet_sessions_idle_out_and_every_session_ends_at_max_session() {
 }
 
 #[tokio::test]
-async fn shutdown_closes_open_sessions_with_going_away() {
-    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+async fn shutdown_gives_open_sessions_its_timeout_then_closes_them_with_going_away() {
+    let stop = "shutdown: { timeout: 1s }\n";
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], stop)).await;
     let (mut socket, _) = connect(&h).await;
     event(&mut socket).await;
     let Harness { gateway, fleet, .. } = h;
+    let started = std::time::Instant::now();
     let stopping = tokio::spawn(gateway.shutdown());
     let frame = closed(&mut socket).await;
+    assert!(started.elapsed() >= Duration::from_millis(900));
     assert_eq!(u16::from(frame.code), 1001);
     assert!(frame.reason.as_str().contains("shutting down"), "{frame:?}");
     tokio::time::timeout(Duration::from_secs(15), stopping)
