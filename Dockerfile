@@ -14,6 +14,8 @@ WORKDIR /src
 # The manifests first, with empty crates, so the dependencies build into a layer of their own
 # that a change of onedoor's own code does not invalidate.
 COPY Cargo.toml Cargo.lock ./
+# Build settings (the bundled SQLite's flags) as the repository's own builds use them.
+COPY .cargo .cargo
 COPY crates/config/Cargo.toml crates/config/Cargo.toml
 COPY crates/state/Cargo.toml crates/state/Cargo.toml
 COPY crates/gateway/Cargo.toml crates/gateway/Cargo.toml

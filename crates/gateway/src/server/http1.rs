@@ -44,6 +44,7 @@ pub async fn serve<H, F>(
     if *stopping.borrow() > Phase::Serving {
         stopping.mark_changed();
     }
+    let fresh = watch.clone();
     let service = service_fn(move |request: Request<Incoming>| {
         let answer = front.clone().answer(request, Some(watch.clone()));
         let stopping = stopping.clone();
@@ -61,7 +62,20 @@ pub async fn serve<H, F>(
     let connection = builder()
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
-    super::until_ended(connection, |c| c.graceful_shutdown(), phase, Phase::Closing).await;
+    // hyper's graceful shutdown closes a connection it has read nothing from; one accepted just
+    // before the listener closed may have its first request on the way.
+    let delay = move || match fresh.fresh() {
+        true => super::FIRST_BYTES_AFTER_CLOSE,
+        false => std::time::Duration::ZERO,
+    };
+    super::until_ended(
+        connection,
+        |c| c.graceful_shutdown(),
+        phase,
+        Phase::Closing,
+        delay,
+    )
+    .await;
 }
 
 fn builder() -> http1::Builder {
@@ -626,6 +640,24 @@ mod tests {
         let second = read_until(&mut client, "finished").await;
         assert!(second.contains("connection: close\r\n"), "{second}");
         assert!(closes(&mut client).await);
+    }
+
+    #[tokio::test]
+    async fn a_connection_silent_when_the_listener_closes_gets_a_second_for_its_request() {
+        let (address, stop) = listen(|_request| async { Response::new(full("done")) }).await;
+        let mut late = connect(address).await;
+        let mut silent = connect(address).await;
+        // Within the listener's head deadline here (400 ms).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stop.send(Phase::Closing).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        late.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until(&mut late, "done").await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.contains("connection: close\r\n"), "{answer}");
+        assert!(closes(&mut silent).await, "a silent connection stayed open");
     }
 
     #[tokio::test]

@@ -250,7 +250,7 @@ const PREFACE_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a connection accepted before the listener closed may still take to send its first
 /// bytes once it has: they may be on their way.
-const FIRST_BYTES_AFTER_CLOSE: Duration = Duration::from_secs(1);
+pub(super) const FIRST_BYTES_AFTER_CLOSE: Duration = Duration::from_secs(1);
 
 /// Whether the client's first bytes are the h2 preface; `None` when it closed, sent nothing
 /// within [`FIRST_BYTES_AFTER_CLOSE`] of the listener's close, or sent too little to tell within
@@ -302,21 +302,25 @@ where
     let connection = h2_builder()
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
+    let now = || Duration::ZERO;
     until_ended(
         connection,
         |c| c.graceful_shutdown(),
         phase,
         Phase::Draining,
+        now,
     )
     .await;
 }
 
-/// Serves `connection` to its end; once `phase` reaches `at`, lets it finish gracefully.
+/// Serves `connection` to its end; once `phase` reaches `at`, and `delay` (asked then) has
+/// passed, lets it finish gracefully.
 async fn until_ended<C, E>(
     connection: C,
     graceful_shutdown: impl FnOnce(Pin<&mut C>),
     phase: &mut watch::Receiver<Phase>,
     at: Phase,
+    delay: impl FnOnce() -> Duration,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -327,8 +331,14 @@ async fn until_ended<C, E>(
     let ended = tokio::select! {
         ended = connection.as_mut() => ended,
         () = Raised::new(&signal, wait) => {
-            graceful_shutdown(connection.as_mut());
-            connection.await
+            let delay = delay();
+            tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = tokio::time::sleep(delay) => {
+                    graceful_shutdown(connection.as_mut());
+                    connection.await
+                }
+            }
         }
     };
     if let Err(error) = ended {
@@ -336,10 +346,11 @@ async fn until_ended<C, E>(
     }
 }
 
-/// A wait for a watch signal to be raised (`true`, once) that takes the signal's lock once. A
-/// registered wait for a watch takes its lock at every poll, and a connection's task is polled a
-/// few times a request, with the same signal for every connection of both lanes; so `wait` is
-/// polled first to register, and later only once `signal`'s version (an atomic load) moved.
+/// A wait for a watch signal to be raised (a flag set once, or a stop moving to its next phase)
+/// that takes the signal's lock only once it moved. A registered wait for a watch takes its lock
+/// at every poll, and a connection's task is polled a few times a request, with the same signal
+/// for every connection of both lanes; so `wait` is polled first to register, and later only
+/// once `signal`'s version (an atomic load) moved.
 struct Raised<'a, T, F> {
     /// A receiver of the signal `wait` waits on, which has seen its value as `wait` first did.
     signal: &'a watch::Receiver<T>,
