@@ -298,7 +298,11 @@ pub async fn run(port: u16) -> Result<(), Failure> {
     let admin = format!("http://{}", running.admin_addr());
     println!("{}", examples(&url, &key, &admin, &admin_token));
     stopped().await;
-    running.shutdown().await;
+    // No drain delay: nothing routes to the demo by endpoint lists. A second signal stops at once.
+    tokio::select! {
+        () = running.shutdown() => {}
+        () = stopped() => {}
+    }
     fleet.shutdown().await;
     Ok(())
 }
