@@ -469,6 +469,44 @@ async fn shutdown_gives_open_sessions_its_timeout_then_closes_them_with_going_aw
     assert!(eventually(|| fleet.endpoint("rt-se").unwrap().realtime_open() == 0).await);
 }
 
+#[tokio::test]
+async fn a_session_opens_during_the_drain_and_gets_the_timeout_before_its_going_away() {
+    let stop = "shutdown: { drain_delay: 1s, timeout: 1s }\n";
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], stop)).await;
+    let addr = h.gateway.addr();
+    let Harness { gateway, fleet, .. } = h;
+    let started = std::time::Instant::now();
+    let stopping = tokio::spawn(gateway.drain_and_shutdown());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut request = format!("ws://{addr}{AZURE_BETA}")
+        .into_client_request()
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert("api-key", HeaderValue::from_static(KEY));
+    headers.insert(
+        "sec-websocket-protocol",
+        HeaderValue::from_static("realtime"),
+    );
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut socket, response) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the gateway upgrades while it drains");
+    // The 101 keeps its `connection: upgrade`, though answers now say `connection: close`.
+    assert_eq!(response.status().as_u16(), 101);
+    event(&mut socket).await;
+    let frame = closed(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1001);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "cut before drain and timeout"
+    );
+    tokio::time::timeout(Duration::from_secs(15), stopping)
+        .await
+        .expect("the stop ends once the session closed")
+        .unwrap();
+    assert!(eventually(|| fleet.endpoint("rt-se").unwrap().realtime_open() == 0).await);
+}
+
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("onedoor-rt-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
