@@ -3,14 +3,14 @@
 
 use std::path::Path;
 
-use crate::model::Snapshot;
+use crate::model::{ClientAuth, Snapshot};
 use crate::problems::Problems;
 use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
 use crate::{
-    backends, breakers, connections, models, realtime, regions, routing, service, shutdown,
-    telemetry, tenants,
+    backends, breakers, client_auth, connections, models, realtime, regions, routing, service,
+    shutdown, telemetry, tenants,
 };
 
 const SECTIONS: &[&str] = &[
@@ -27,6 +27,7 @@ const SECTIONS: &[&str] = &[
     "backends",
     "circuit_breakers",
     "models",
+    "client_auth",
     "tenants",
     "telemetry",
     "shutdown",
@@ -42,10 +43,13 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
     let circuit_breakers = breakers::breakers(f.get("circuit_breakers"), p);
     let backends = backends::backends(f.get("backends"), &circuit_breakers, routing.timeouts, p);
     let models = models::models(f.get("models"), &backends, p);
+    let issuers = client_auth::jwt_issuers(f.get("client_auth"), p);
     let known = Known {
         models: &models,
         groups: &regions,
         backend_regions: backends.list.iter().map(|b| &*b.region).collect(),
+        issuers: &issuers,
+        client_auth_written: f.get("client_auth").is_some(),
     };
     let tenants = tenants::tenants(f.get("tenants"), &known, p);
     Snapshot {
@@ -68,6 +72,10 @@ pub(crate) fn snapshot(root: &Node, source: &Path, p: &mut Problems) -> Snapshot
         wildcard: models.wildcard,
         tenants: tenants.list,
         keys_by_hash: tenants.keys_by_hash,
+        client_auth: ClientAuth {
+            jwt: issuers,
+            principals: tenants.principals,
+        },
         telemetry: telemetry::telemetry(f.get("telemetry"), p),
         shutdown: shutdown::shutdown(f.get("shutdown"), p),
     }

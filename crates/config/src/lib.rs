@@ -5,6 +5,7 @@ pub mod model;
 
 mod backends;
 mod breakers;
+mod client_auth;
 mod compile;
 mod connections;
 mod limits;

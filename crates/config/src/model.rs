@@ -72,6 +72,8 @@ pub struct Snapshot {
     pub tenants: Vec<Tenant>,
     /// sha256 digest of a client key -> (tenant, index into that tenant's `keys`).
     pub keys_by_hash: Lookup<[u8; 32], (TenantId, usize)>,
+    /// JWT callers: the issuers trusted and which tenant's principal a token is.
+    pub client_auth: ClientAuth,
     pub telemetry: Telemetry,
     /// How a stop drains: read when the signal comes, so a reload changes it.
     pub shutdown: Shutdown,
@@ -330,10 +332,11 @@ pub struct Alias {
     pub price: Option<Price>,
 }
 
+/// Who a caller is inside its tenant: a client key, or a JWT principal (which counts exactly as a
+/// key does: its id is the `key_id` of usage records, limits and traces).
 #[derive(Debug, Clone)]
 pub struct Key {
     pub id: Arc<str>,
-    pub sha256: [u8; 32],
     /// Unix seconds until which this key may ask for decision traces.
     pub trace_until: Option<i64>,
     pub limits: Limits,
@@ -343,6 +346,8 @@ pub struct Key {
 pub struct Tenant {
     pub name: Arc<str>,
     pub keys: Vec<Key>,
+    /// Callers that present a JWT with a matching claim, besides (or instead of) keys.
+    pub principals: Vec<Principal>,
     /// Aliases this tenant may use; `None` means every alias (and `"*"`).
     pub models: Option<Vec<String>>,
     /// Region names (groups already expanded) this tenant's requests may go to; `None` means any.
@@ -351,6 +356,13 @@ pub struct Tenant {
 }
 
 impl Tenant {
+    /// Every caller identity of this tenant: its keys, then its principals.
+    pub fn callers(&self) -> impl Iterator<Item = &Key> {
+        self.keys
+            .iter()
+            .chain(self.principals.iter().map(|p| &p.key))
+    }
+
     /// Whether this tenant may call `alias`; requests through the `"*"` discovery alias ask for `"*"`.
     pub fn may_use(&self, alias: &str) -> bool {
         match &self.models {
@@ -365,4 +377,44 @@ impl Tenant {
             Some(list) => list.iter().any(|r| r == region),
         }
     }
+}
+
+/// The `client_auth` section, compiled.
+#[derive(Debug, Clone, Default)]
+pub struct ClientAuth {
+    /// Issuers whose tokens are checked; empty: every credential is a client key.
+    pub jwt: Vec<JwtIssuer>,
+    /// For each claim some principal names (in the order first named): the claim's value ->
+    /// the principals it picks, as (tenant, index into that tenant's `principals`), in file order.
+    pub principals: Vec<(Arc<str>, ClaimValues)>,
+}
+
+/// One claim's values -> the principals each picks, as (tenant, index into its `principals`).
+pub type ClaimValues = Lookup<String, Vec<(TenantId, usize)>>;
+
+/// One trusted OIDC issuer (`client_auth.jwt[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtIssuer {
+    /// The `iss` a token must carry, exactly as written.
+    pub issuer: String,
+    /// A token's `aud` must name one of these.
+    pub audiences: Vec<String>,
+    /// Where the signing keys are; `None`: the `jwks_uri` of the issuer's
+    /// `/.well-known/openid-configuration`.
+    pub jwks_url: Option<String>,
+    /// A token with a `kid` the cached keys lack refetches them at most this often (so forged
+    /// `kid`s cannot make the gateway hammer the issuer). Default 1m.
+    pub refetch_interval: Duration,
+}
+
+/// A tenant's JWT caller (`tenants[].principals[]`): a token whose `claim` is (or, for a list
+/// claim such as `roles`, holds) `equals`.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    pub key: Key,
+    pub claim: Arc<str>,
+    pub equals: String,
+    /// Index into `ClientAuth::jwt` of the one issuer whose tokens may be this principal;
+    /// `None`: any configured issuer's.
+    pub issuer: Option<usize>,
 }

@@ -33,11 +33,28 @@ pub(crate) fn summary(s: &Snapshot) -> String {
     let tenants: Vec<String> = s
         .tenants
         .iter()
-        .map(|t| format!("{} ({})", t.name, plural(t.keys.len(), "key")))
+        .map(|t| match t.principals.len() {
+            0 => format!("{} ({})", t.name, plural(t.keys.len(), "key")),
+            n => format!(
+                "{} ({}, {})",
+                t.name,
+                plural(t.keys.len(), "key"),
+                plural(n, "principal")
+            ),
+        })
         .collect();
     out.push_str(&counted(tenants.len(), "tenant", &tenants));
     if s.tenants.is_empty() {
         out.push_str(" (no client key is accepted until one is added)");
+    }
+    if !s.client_auth.jwt.is_empty() {
+        let issuers: Vec<&str> = s
+            .client_auth
+            .jwt
+            .iter()
+            .map(|i| i.issuer.as_str())
+            .collect();
+        let _ = write!(out, "; JWTs accepted from {}", issuers.join(", "));
     }
     let store = match s.state.store {
         StoreKind::Memory => "in memory",

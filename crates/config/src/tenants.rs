@@ -1,10 +1,12 @@
-//! The `tenants` section: who may call, with which client keys (stored as sha256 digests), which
-//! aliases and regions they may use, and their limits.
+//! The `tenants` section: who may call, with which client keys (stored as sha256 digests) or JWT
+//! principals, which aliases and regions they may use, and their limits.
 
 use std::collections::{BTreeSet, HashMap};
 
+use std::sync::Arc;
+
 use crate::limits;
-use crate::model::{Key, Lookup, Tenant, TenantId};
+use crate::model::{ClaimValues, JwtIssuer, Key, Lookup, Principal, Tenant, TenantId};
 use crate::models::{Models, WILDCARD};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
@@ -15,11 +17,17 @@ pub(crate) struct Known<'a> {
     pub models: &'a Models,
     pub groups: &'a HashMap<String, Vec<String>>,
     pub backend_regions: BTreeSet<&'a str>,
+    /// The issuers of `client_auth.jwt`, which principals may name.
+    pub issuers: &'a [JwtIssuer],
+    /// Whether the file has a `client_auth` section (its issuers may all be wrong, and said so).
+    pub client_auth_written: bool,
 }
 
 pub(crate) struct Tenants {
     pub list: Vec<Tenant>,
     pub keys_by_hash: Lookup<[u8; 32], (TenantId, usize)>,
+    /// `ClientAuth::principals`: per claim, its value -> (tenant, principal index).
+    pub principals: Vec<(Arc<str>, ClaimValues)>,
 }
 
 #[derive(Default)]
@@ -28,19 +36,26 @@ struct Seen {
     key_ids: HashMap<String, Mark>,
     /// Digest -> (key id, where it was written).
     hashes: HashMap<[u8; 32], (String, Mark)>,
+    /// (claim, value, issuer) -> (principal id, where it was written).
+    matches: HashMap<(String, String, Option<usize>), (String, Mark)>,
 }
 
 pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> Tenants {
     let mut tenants = Tenants {
         list: Vec::new(),
         keys_by_hash: Lookup::default(),
+        principals: Vec::new(),
     };
     let Some(items) = node.and_then(|n| read::list(n, p)) else {
         return tenants;
     };
     let mut seen = Seen::default();
     for item in items {
-        let f = Fields::new(item, &["name", "keys", "models", "regions", "limits"], p);
+        let f = Fields::new(
+            item,
+            &["name", "keys", "principals", "models", "regions", "limits"],
+            p,
+        );
         let name_node = f.required("name", p);
         let name = name_node.and_then(|n| read::name(n, p));
         if let (Some(name), Some(n)) = (name, name_node) {
@@ -55,16 +70,19 @@ pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> T
             }
         }
         let id = tenants.list.len();
-        let keys = keys(f.get("keys"), &mut seen, p);
-        for (index, key) in keys.iter().enumerate() {
-            tenants
-                .keys_by_hash
-                .entry(key.sha256)
-                .or_insert((id, index));
+        let (keys, digests): (Vec<Key>, Vec<[u8; 32]>) =
+            keys(f.get("keys"), &mut seen, p).into_iter().unzip();
+        for (index, digest) in digests.into_iter().enumerate() {
+            tenants.keys_by_hash.entry(digest).or_insert((id, index));
+        }
+        let principals = principals(f.get("principals"), known, &mut seen, p);
+        for (index, principal) in principals.iter().enumerate() {
+            index_principal(&mut tenants.principals, principal, (id, index));
         }
         tenants.list.push(Tenant {
             name: name.unwrap_or_default().into(),
             keys,
+            principals,
             models: f.get("models").map(|n| models(n, known.models, p)),
             regions: f.get("regions").map(|n| regions(n, known, p)),
             limits: limits::limits(f.get("limits"), limits::TENANT, p),
@@ -73,26 +91,15 @@ pub(crate) fn tenants(node: Option<&Node>, known: &Known, p: &mut Problems) -> T
     tenants
 }
 
-fn keys(node: Option<&Node>, seen: &mut Seen, p: &mut Problems) -> Vec<Key> {
+/// The tenant's keys, each with its digest.
+fn keys(node: Option<&Node>, seen: &mut Seen, p: &mut Problems) -> Vec<(Key, [u8; 32])> {
     let Some(items) = node.and_then(|n| read::list(n, p)) else {
         return Vec::new();
     };
     let mut keys = Vec::with_capacity(items.len());
     for item in items {
         let f = Fields::new(item, &["id", "sha256", "trace_until", "limits"], p);
-        let id_node = f.required("id", p);
-        let id = id_node.and_then(|n| read::name(n, p)).unwrap_or_default();
-        if let Some(n) = id_node.filter(|_| !id.is_empty()) {
-            match seen.key_ids.get(id) {
-                Some(first) => p.at(
-                    n.mark,
-                    format!("duplicate key id {id:?} (first defined at {first})"),
-                ),
-                None => {
-                    seen.key_ids.insert(id.to_owned(), n.mark);
-                }
-            }
-        }
+        let id = caller_id(&f, seen, p);
         let digest_node = f.required("sha256", p);
         let sha256 = digest_node.and_then(|n| digest(n, p));
         if let (Some(digest), Some(n)) = (sha256, digest_node) {
@@ -106,14 +113,140 @@ fn keys(node: Option<&Node>, seen: &mut Seen, p: &mut Problems) -> Vec<Key> {
                 }
             }
         }
-        keys.push(Key {
-            id: id.into(),
-            sha256: sha256.unwrap_or_default(),
-            trace_until: f.get("trace_until").and_then(|n| read::timestamp(n, p)),
-            limits: limits::limits(f.get("limits"), limits::TENANT, p),
-        });
+        keys.push((caller(&f, id, p), sha256.unwrap_or_default()));
     }
     keys
+}
+
+/// A key's or principal's `id`, unique across both (it is the `key_id` of usage records).
+fn caller_id<'a>(f: &Fields<'a>, seen: &mut Seen, p: &mut Problems) -> &'a str {
+    let id_node = f.required("id", p);
+    let id = id_node.and_then(|n| read::name(n, p)).unwrap_or_default();
+    if let Some(n) = id_node.filter(|_| !id.is_empty()) {
+        match seen.key_ids.get(id) {
+            Some(first) => p.at(
+                n.mark,
+                format!("duplicate key id {id:?} (first defined at {first})"),
+            ),
+            None => {
+                seen.key_ids.insert(id.to_owned(), n.mark);
+            }
+        }
+    }
+    id
+}
+
+/// What a key and a principal have alike: the id, traces and own limits.
+fn caller(f: &Fields, id: &str, p: &mut Problems) -> Key {
+    Key {
+        id: id.into(),
+        trace_until: f.get("trace_until").and_then(|n| read::timestamp(n, p)),
+        limits: limits::limits(f.get("limits"), limits::TENANT, p),
+    }
+}
+
+fn principals(
+    node: Option<&Node>,
+    known: &Known,
+    seen: &mut Seen,
+    p: &mut Problems,
+) -> Vec<Principal> {
+    let issuers = known.issuers;
+    let Some(node) = node else {
+        return Vec::new();
+    };
+    let Some(items) = read::list(node, p) else {
+        return Vec::new();
+    };
+    if !known.client_auth_written && !items.is_empty() {
+        p.at(
+            node.mark,
+            "principals need client_auth.jwt: no issuer is configured whose tokens they could carry",
+        );
+    }
+    let mut principals = Vec::with_capacity(items.len());
+    for item in items {
+        let f = Fields::new(
+            item,
+            &["id", "claim", "equals", "issuer", "trace_until", "limits"],
+            p,
+        );
+        let id = caller_id(&f, seen, p);
+        let claim = f.required("claim", p).and_then(|n| claim(n, p));
+        let equals = f.required("equals", p).and_then(|n| read::str(n, p));
+        let issuer = f.get("issuer").and_then(|n| issuer(n, issuers, p));
+        let key = caller(&f, id, p);
+        let (Some(claim), Some(equals)) = (claim, equals) else {
+            continue;
+        };
+        let same = (claim.to_owned(), equals.to_owned(), issuer);
+        match seen.matches.get(&same) {
+            Some((other, first)) => p.at(
+                f.mark,
+                format!(
+                    "principal {id:?} matches the same tokens as principal {other:?} (at {first})"
+                ),
+            ),
+            None => {
+                seen.matches.insert(same, (id.to_owned(), f.mark));
+            }
+        }
+        principals.push(Principal {
+            key,
+            claim: claim.into(),
+            equals: equals.to_owned(),
+            issuer,
+        });
+    }
+    principals
+}
+
+/// A principal's claim: one top-level claim name (`azp`, `appid`, `oid`, `sub`, `roles`, ...).
+fn claim<'a>(node: &'a Node, p: &mut Problems) -> Option<&'a str> {
+    let text = read::str(node, p)?.trim();
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if text.is_empty() || !text.chars().all(plain) {
+        p.at(
+            node.mark,
+            format!("unknown claim form {text:?}: name one top-level claim such as azp, appid, oid, sub or roles (a list claim matches when it holds the value)"),
+        );
+        return None;
+    }
+    Some(text)
+}
+
+/// The index of the `client_auth.jwt` issuer a principal names.
+fn issuer(node: &Node, issuers: &[JwtIssuer], p: &mut Problems) -> Option<usize> {
+    let text = read::str(node, p)?.trim();
+    let found = issuers.iter().position(|i| i.issuer == text);
+    if found.is_none() {
+        let known: Vec<&str> = issuers.iter().map(|i| i.issuer.as_str()).collect();
+        p.at(
+            node.mark,
+            format!(
+                "unknown issuer {text:?} (client_auth.jwt has: {})",
+                list_or_none(&known)
+            ),
+        );
+    }
+    found
+}
+
+fn index_principal(
+    index: &mut Vec<(Arc<str>, ClaimValues)>,
+    principal: &Principal,
+    at: (TenantId, usize),
+) {
+    let position = match index.iter().position(|(c, _)| *c == principal.claim) {
+        Some(position) => position,
+        None => {
+            index.push((principal.claim.clone(), Lookup::default()));
+            index.len() - 1
+        }
+    };
+    if let Some((_, values)) = index.get_mut(position) {
+        values.entry(principal.equals.clone()).or_default().push(at);
+    }
 }
 
 /// A sha256 digest as 64 hex digits, optionally prefixed `sha256:`.
@@ -310,5 +443,79 @@ tenants:
             ]
         );
         assert!(found.iter().all(|p| !p.contains("secret-looking-value")));
+    }
+
+    const ISSUERS: &str = "client_auth:
+  jwt:
+    - { issuer: \"https://login.microsoftonline.com/t1/v2.0\", audience: api://onedoor }
+    - { issuer: \"http://127.0.0.1:9/\", audience: api://onedoor }
+";
+
+    #[test]
+    fn principals_are_indexed_by_claim_and_value() {
+        let s = compile(&format!(
+            "{ISSUERS}tenants:
+  - name: legal
+    principals:
+      - {{ id: legal-app, claim: azp, equals: \"0000-1\", trace_until: 2026-12-01T10:00Z }}
+      - {{ id: legal-ops, claim: roles, equals: Ops, issuer: \"http://127.0.0.1:9/\", limits: {{ rpm: 5 }} }}
+  - name: hr
+    principals: [{{ id: hr-app, claim: azp, equals: \"0000-2\" }}]
+"
+        ));
+        let index = &s.client_auth.principals;
+        assert_eq!(index.len(), 2);
+        assert_eq!(&*index[0].0, "azp");
+        assert_eq!(index[0].1["0000-1"], [(0, 0)]);
+        assert_eq!(index[0].1["0000-2"], [(1, 0)]);
+        assert_eq!(index[1].1["Ops"], [(0, 1)]);
+        let legal = &s.tenants[0];
+        assert_eq!(legal.principals[1].issuer, Some(1));
+        assert_eq!(legal.principals[1].key.limits.rpm, Some(5));
+        assert_eq!(legal.principals[0].key.trace_until, Some(1_796_119_200));
+        let ids: Vec<&str> = legal.callers().map(|k| &*k.id).collect();
+        assert_eq!(ids, ["legal-app", "legal-ops"]);
+        let summary = crate::summary(&s);
+        assert!(
+            summary.contains("legal (0 keys, 2 principals)"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains(
+                "JWTs accepted from https://login.microsoftonline.com/t1/v2.0, http://127.0.0.1:9/"
+            ),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn principal_mistakes_are_located() {
+        let a = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8";
+        let found = problems(&format!(
+            "{ISSUERS}tenants:
+  - name: t
+    keys: [{{ id: app, sha256: {a} }}]
+    principals:
+      - {{ id: app, claim: azp, equals: x }}
+      - {{ id: p2, claim: \"roles[0]\", equals: x }}
+      - {{ id: p3, claim: azp, equals: x }}
+      - {{ id: p4, claim: azp, equals: y, issuer: \"https://other.example.com\" }}
+      - {{ id: p5, claim: oid }}
+"
+        ));
+        assert_eq!(
+            found,
+            [
+                "9:15: duplicate key id \"app\" (first defined at 7:18)",
+                "10:26: unknown claim form \"roles[0]\": name one top-level claim such as azp, appid, oid, sub or roles (a list claim matches when it holds the value)",
+                "11:9: principal \"p3\" matches the same tokens as principal \"app\" (at 9:9)",
+                "12:50: unknown issuer \"https://other.example.com\" (client_auth.jwt has: https://login.microsoftonline.com/t1/v2.0, http://127.0.0.1:9/)",
+                "13:9: missing required key \"equals\"",
+            ]
+        );
+        assert_eq!(
+            problems("tenants:\n  - name: t\n    principals: [{ id: a, claim: azp, equals: x }]\n"),
+            ["3:17: principals need client_auth.jwt: no issuer is configured whose tokens they could carry"]
+        );
     }
 }

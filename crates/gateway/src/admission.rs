@@ -231,7 +231,7 @@ pub fn estimator(alias: &Alias, requested: &str) -> Estimator {
 pub fn vocabularies_needed(snapshot: &Snapshot) -> Vec<Estimator> {
     let counts_tokens = snapshot.tenants.iter().any(|tenant| {
         std::iter::once(&tenant.limits)
-            .chain(tenant.keys.iter().map(|key| &key.limits))
+            .chain(tenant.callers().map(|key| &key.limits))
             .filter_map(meter_limits)
             .any(|limits| needs_tokens(&limits))
     });
@@ -475,7 +475,7 @@ pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value 
         if let Some(limits) = meter_limits(&tenant.limits) {
             meters.push((t, None, MeterKey::tenant(&tenant.name), limits));
         }
-        for (k, key) in tenant.keys.iter().enumerate() {
+        for (k, key) in tenant.callers().enumerate() {
             if let Some(limits) = meter_limits(&key.limits) {
                 meters.push((t, Some(k), MeterKey::key(&tenant.name, &key.id), limits));
             }
@@ -500,8 +500,7 @@ pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value 
         .enumerate()
         .map(|(t, tenant)| {
             let keys: Vec<serde_json::Value> = tenant
-                .keys
-                .iter()
+                .callers()
                 .enumerate()
                 .filter_map(|(k, key)| {
                     of(t, Some(k)).map(|limits| serde_json::json!({"id": key.id, "limits": limits}))

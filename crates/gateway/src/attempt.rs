@@ -26,13 +26,15 @@ use crate::upstream::{self, Failure, LaneClients};
 use crate::usage::{Usage, UsageSource};
 
 /// A successful attempt's answer, ready to be sent: in the OpenAI shape, whatever the upstream
-/// spoke.
+/// spoke, unless it passes through (an Anthropic client's answer from an Anthropic backend).
 pub enum Answer {
     Whole {
         status: StatusCode,
         content_type: Option<HeaderValue>,
         body: Bytes,
         usage: Usage,
+        /// The body is the upstream's own, in the client's dialect: it goes out as it came.
+        native: bool,
     },
     Stream(Box<Relay>),
 }
@@ -147,7 +149,8 @@ impl Dispatch {
         // One reading of the clock for everything the whole answer settles.
         let answered_ms = now_ms();
         load.succeeded(now.elapsed(), answered_ms);
-        let translated = backend.provider == onedoor_config::Provider::Anthropic;
+        let native = provider::passes_through(backend, request);
+        let translated = backend.provider == onedoor_config::Provider::Anthropic && !native;
         let (body, usage) =
             provider::answer(backend, self.operation, request, body, created(answered_ms));
         if usage.source == UsageSource::Measured {
@@ -165,6 +168,7 @@ impl Dispatch {
             content_type,
             body,
             usage,
+            native,
         })
     }
 }

@@ -1,11 +1,14 @@
-//! Client authentication: the key from any of the three accepted headers, looked up by its
-//! sha256 digest so the gateway never holds client keys in the clear.
+//! Client authentication: the credential from any of the three accepted headers, a JWT (see
+//! `jwt`) or a client key, which is looked up by its sha256 digest so the gateway never holds
+//! client keys in the clear.
 
 use http::{HeaderMap, HeaderName};
 use onedoor_config::{Key, Snapshot, Tenant};
 use sha2::{Digest, Sha256};
 
 use crate::errors::GatewayError;
+use crate::jwt;
+use crate::runtime::Runtime;
 
 /// The authenticated caller of one request.
 pub struct Caller<'a> {
@@ -38,12 +41,30 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .find(|v| !v.is_empty())
 }
 
-pub fn authenticate<'a>(
-    snapshot: &'a Snapshot,
+/// The caller of a request: the principal of a JWT (when `client_auth.jwt` is configured and
+/// the credential has a JWT's shape), else the owner of a client key.
+pub async fn identify<'a>(
+    runtime: &'a Runtime,
     headers: &HeaderMap,
 ) -> Result<Caller<'a>, GatewayError> {
-    let key = presented_key(headers).ok_or(GatewayError::MissingKey)?;
-    caller_of(snapshot, key)
+    let credential = presented_key(headers).ok_or(GatewayError::MissingKey)?;
+    if jwt::applies(&runtime.snapshot, credential) {
+        // Boxed: its key fetch would otherwise grow every request's future.
+        return Box::pin(jwt::caller(runtime, credential)).await;
+    }
+    caller_of(&runtime.snapshot, credential)
+}
+
+/// Whether the request's credential is known without waiting: a key, or a token that checks
+/// with the keys already cached.
+pub fn known(runtime: &Runtime, headers: &HeaderMap) -> bool {
+    let Some(credential) = presented_key(headers) else {
+        return false;
+    };
+    match jwt::applies(&runtime.snapshot, credential) {
+        true => jwt::cached_caller(runtime, credential).is_some(),
+        false => caller_of(&runtime.snapshot, credential).is_ok(),
+    }
 }
 
 /// The caller a client key belongs to, wherever it was presented (a header, or the realtime

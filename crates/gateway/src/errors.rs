@@ -26,6 +26,9 @@ pub enum GatewayError {
     MissingKey,
     #[error("the API key is not valid")]
     UnknownKey,
+    /// A JWT that failed a check; the message says which (never the token).
+    #[error("the bearer token is not accepted: {0}")]
+    InvalidToken(String),
     #[error("this key may not use the model `{0}`")]
     ModelNotAllowed(String),
     #[error("the model `{0}` does not exist; GET /v1/models lists the ones this key may use")]
@@ -91,7 +94,9 @@ impl GatewayError {
             | GatewayError::ModelNotFound(_)
             | GatewayError::ServedNowhere(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            GatewayError::MissingKey | GatewayError::UnknownKey => StatusCode::UNAUTHORIZED,
+            GatewayError::MissingKey | GatewayError::UnknownKey | GatewayError::InvalidToken(_) => {
+                StatusCode::UNAUTHORIZED
+            }
             GatewayError::ModelNotAllowed(_) | GatewayError::QuotaExceeded { .. } => {
                 StatusCode::FORBIDDEN
             }
@@ -120,6 +125,7 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::NotImplemented(_) => "invalid_request",
             GatewayError::MissingKey | GatewayError::UnknownKey => "invalid_api_key",
+            GatewayError::InvalidToken(_) => "invalid_token",
             GatewayError::ModelNotAllowed(_) => "model_not_allowed",
             GatewayError::ModelNotFound(_) | GatewayError::ServedNowhere(_) => "model_not_found",
             GatewayError::RequestTooLarge { .. } => "request_too_large",
@@ -189,6 +195,13 @@ impl GatewayError {
         headers.insert(ERROR_HEADER, HeaderValue::from_static(self.code()));
         if let Some(wait) = self.retry_after() {
             insert_retry_after(headers, wait);
+        }
+        if let GatewayError::InvalidToken(_) = self {
+            // RFC 6750: what a bearer-token client reads to know its token, not its request, failed.
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer error=\"invalid_token\""),
+            );
         }
         response
     }

@@ -19,6 +19,7 @@ mod fleet;
 mod headroom;
 mod health;
 mod idle_poll;
+mod jwt;
 mod lanes;
 mod messages;
 mod metrics;
@@ -258,6 +259,7 @@ fn launch(
     admission::load_vocabularies(&runtime.snapshot);
     runtime.recorder = recording::start(&runtime.snapshot);
     runtime.telemetry = telemetry::start(&runtime.snapshot);
+    runtime.key_sets.warm(&runtime.snapshot);
     let seen = source.as_ref().map(|s| s.seen);
     let live = Arc::new(Live::new(runtime, source.map(|s| s.path), watcher.clone()));
     let addr = local_addr(&client);
@@ -274,13 +276,14 @@ fn launch(
         client,
         move |request| pipeline::handle(for_clients.clone(), request),
         Arc::new(move |headers: &http::HeaderMap| {
-            // A large body is read only for a caller with a known key; a stranger's request
-            // comes to the pipeline unread, which refuses it at its key.
-            let snapshot = &limit_of.current().snapshot;
-            let max = snapshot.max_request_body;
-            match auth::authenticate(snapshot, headers) {
-                Ok(_) => max,
-                Err(_) => max.min(server::SMALL_BODY),
+            // A large body is read only for a caller with a known key (or a token that checks
+            // with cached keys); a stranger's request comes to the pipeline unread, which
+            // refuses it at its credential.
+            let runtime = limit_of.current();
+            let max = runtime.snapshot.max_request_body;
+            match auth::known(&runtime, headers) {
+                true => max,
+                false => max.min(server::SMALL_BODY),
             }
         }),
         client_limits,

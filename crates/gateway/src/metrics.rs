@@ -704,6 +704,7 @@ mod tests {
                 input: 3,
                 output: 4,
                 cached: 0,
+                cache_write: 0,
                 source: onedoor_usage::Source::Measured,
             },
             estimated_tokens: 7,

@@ -205,7 +205,7 @@ async fn serve(
         // The rare routes' futures are boxed, so every request's future stays small.
         Route::Readyz => Ok(Box::pin(crate::readiness::answer(runtime)).await),
         Route::Models => {
-            let caller = auth::authenticate(snapshot, request.headers())?;
+            let caller = auth::identify(runtime, request.headers()).await?;
             Ok(models(snapshot, caller.tenant))
         }
         Route::Realtime(path) => {
@@ -226,7 +226,7 @@ async fn serve(
             dialect,
             alias,
         } => {
-            let caller = auth::authenticate(snapshot, request.headers())?;
+            let caller = auth::identify(runtime, request.headers()).await?;
             exchange.tenant = Some(caller.tenant.name.clone());
             exchange.key_id = Some(caller.key.id.clone());
             exchange.entered = Some(runtime.metrics.enter(&caller.tenant.name));
@@ -234,8 +234,12 @@ async fn serve(
                 exchange.trail.trace = Some(Box::new(Decision::new(Instant::now())));
             }
             let session = session_token::presented(request.headers());
+            let beta = match dialect {
+                Dialect::Anthropic => request.headers().get(provider::ANTHROPIC_BETA).cloned(),
+                Dialect::OpenAi | Dialect::Azure => None,
+            };
             let body = read_body(request, snapshot.max_request_body)?;
-            let mut call = Call::new(runtime, caller, operation, dialect, alias, body)?;
+            let mut call = Call::new(runtime, caller, operation, dialect, alias, body, beta)?;
             call.session = session;
             call.run(runtime, exchange).await
         }
@@ -297,12 +301,12 @@ impl<'a> Call<'a> {
         dialect: Dialect,
         alias: AliasSource,
         body: Bytes,
+        beta: Option<HeaderValue>,
     ) -> Result<Self, GatewayError> {
-        let body = match dialect {
-            Dialect::Anthropic => messages::to_chat(&body)?,
-            Dialect::OpenAi | Dialect::Azure => body,
+        let request = match dialect {
+            Dialect::Anthropic => messages::request(body, beta)?,
+            Dialect::OpenAi | Dialect::Azure => ClientRequest::parse(body, operation)?,
         };
-        let request = ClientRequest::parse(body, operation)?;
         let name = match alias {
             AliasSource::Path(name) => Arc::from(name),
             AliasSource::Body => request.model.clone().ok_or_else(|| {
@@ -376,6 +380,7 @@ impl<'a> Call<'a> {
         })?;
         exchange.limits = Some(admission.headers);
         let mut plan = plan.map_err(|_| GatewayError::StateUnavailable)?;
+        keep_native_targets(snapshot, &mut plan, &self.request);
         if let Some(previous) = self.request.previous_response_id.as_deref() {
             follow(runtime, &mut plan, previous).await?;
         }
@@ -440,6 +445,7 @@ impl<'a> Call<'a> {
         let dialect = self.dispatch.dialect;
         let answered = match outcome {
             Ok((candidate, Answer::Stream(relay))) => {
+                let native = relay.passes_through();
                 exchange.backend = Some(candidate.backend);
                 exchange.deployment = Some(candidate.deployment.clone());
                 let trace = exchange.span.as_mut().map(|span| span.streaming());
@@ -465,7 +471,7 @@ impl<'a> Call<'a> {
                 let price = admission::price_of(alias, &candidate).cloned();
                 let body = answering.reporting(sink).tracing(trace).into_body();
                 let body = admission.hold_until_reported(body, report, price);
-                Ok(stream_response(body, dialect, measured))
+                Ok(stream_response(body, dialect, measured, native))
             }
             Ok((
                 candidate,
@@ -474,6 +480,7 @@ impl<'a> Call<'a> {
                     content_type,
                     body,
                     usage,
+                    native,
                 },
             )) => {
                 exchange.backend = Some(candidate.backend);
@@ -500,7 +507,7 @@ impl<'a> Call<'a> {
                     ),
                     usage::UsageSource::Estimated => admission.keep_estimate(),
                 }
-                let response = respond(status, content_type, body, &usage, dialect);
+                let response = respond(status, content_type, body, &usage, dialect, native);
                 Ok(response.map(|body| admission.hold(body)))
             }
             Err(Ending::Error(error)) => Err(error),
@@ -511,6 +518,23 @@ impl<'a> Call<'a> {
             }
         };
         session.stamp(runtime, exchange.backend, answered).await
+    }
+}
+
+/// A request that only its own dialect can say (an Anthropic body with blocks chat requests
+/// have no form for) goes to the targets that speak that dialect, when the alias has any;
+/// otherwise the first target refuses it, saying what it cannot take.
+fn keep_native_targets(snapshot: &Snapshot, plan: &mut Plan, request: &ClientRequest) {
+    let untranslatable = request.native.as_ref().map(|n| n.untranslatable.is_some());
+    if untranslatable != Some(true) {
+        return;
+    }
+    let speaks = |candidate: &Candidate| {
+        let backend = snapshot.backends.get(candidate.backend);
+        backend.is_some_and(|b| provider::passes_through(b, request))
+    };
+    if plan.candidates.iter().any(speaks) {
+        plan.candidates.retain(speaks);
     }
 }
 
@@ -556,20 +580,22 @@ pub(crate) fn resolve<'s>(
     }
 }
 
-/// A whole answer in the caller's dialect, with how its usage is known.
+/// A whole answer in the caller's dialect (`native`: it is in it already), with how its usage
+/// is known.
 fn respond(
     status: StatusCode,
     content_type: Option<HeaderValue>,
     body: Bytes,
     usage: &Usage,
     dialect: Dialect,
+    native: bool,
 ) -> Response<Body> {
     let (body, content_type) = match dialect {
-        Dialect::Anthropic => (
+        Dialect::Anthropic if !native => (
             messages::whole(&body, usage),
             Some(HeaderValue::from_static("application/json")),
         ),
-        Dialect::OpenAi | Dialect::Azure => (body, content_type),
+        Dialect::Anthropic | Dialect::OpenAi | Dialect::Azure => (body, content_type),
     };
     let mut response = Response::new(full(body));
     *response.status_mut() = status;
@@ -588,11 +614,12 @@ const ACCEL_BUFFERING: HeaderName = HeaderName::from_static("x-accel-buffering")
 
 /// The response head of an SSE stream to the caller. Its usage is known only when it ends (a
 /// final SSE comment tells it): `x-onedoor-usage: measured` is sent up front only when the
-/// upstream's provider reports usage in every complete stream.
-fn stream_response(body: Body, dialect: Dialect, measured: bool) -> Response<Body> {
+/// upstream's provider reports usage in every complete stream. A stream in the caller's dialect
+/// already (`native`) goes out as it came; an Anthropic caller's other streams are re-encoded.
+fn stream_response(body: Body, dialect: Dialect, measured: bool, native: bool) -> Response<Body> {
     let body = match dialect {
-        Dialect::Anthropic => messages::encode_body(body),
-        Dialect::OpenAi | Dialect::Azure => body,
+        Dialect::Anthropic if !native => messages::encode_body(body),
+        Dialect::Anthropic | Dialect::OpenAi | Dialect::Azure => body,
     };
     let mut response = Response::new(body);
     let headers = response.headers_mut();

@@ -95,6 +95,7 @@ pub fn tokens_of(usage: &Usage) -> Tokens {
         input: usage.prompt_tokens,
         output: usage.completion_tokens,
         cached: usage.cached_tokens,
+        cache_write: usage.cache_write_tokens,
         source: match usage.source {
             UsageSource::Measured => Source::Measured,
             UsageSource::Estimated => Source::Estimated,
@@ -148,6 +149,7 @@ fn unmeasured(ended: &Ended, status: u16) -> Tokens {
         input: if answered { ended.estimate.prompt } else { 0 },
         output: 0,
         cached: 0,
+        cache_write: 0,
         source: Source::Estimated,
     }
 }
@@ -191,6 +193,7 @@ impl Pending {
                 input: 0,
                 output: 0,
                 cached: 0,
+                cache_write: 0,
                 source: Source::Estimated,
             },
             estimated_tokens: ended.estimate.total,
@@ -298,6 +301,7 @@ impl UsageBlock {
                 input: prompt,
                 output: self.completion_tokens.unwrap_or(0),
                 cached: cached(&self.prompt_tokens_details).unwrap_or(0),
+                cache_write: self.cache_creation_input_tokens.unwrap_or(0),
                 source: Source::Measured,
             });
         }
@@ -311,6 +315,7 @@ impl UsageBlock {
             cached: read
                 .or_else(|| cached(&self.input_tokens_details))
                 .unwrap_or(0),
+            cache_write: write,
             source: Source::Measured,
         })
     }
@@ -415,6 +420,7 @@ impl Metered {
                 input: pending.estimate.prompt,
                 output: self.seen.events,
                 cached: 0,
+                cache_write: 0,
                 source: Source::Estimated,
             });
         let why = self.seen.why.take();

@@ -98,6 +98,7 @@ impl Live {
         }
         let next = current.next(Arc::new(snapshot));
         crate::admission::load_vocabularies(&next.snapshot);
+        next.key_sets.warm(&next.snapshot);
         if let Some(old) = probes.take() {
             old.stop().await;
         }

@@ -53,6 +53,9 @@ pub struct ClientRequest {
     pub include_usage: bool,
     /// Responses API: the earlier response this one continues.
     pub previous_response_id: Option<String>,
+    /// An Anthropic client's Messages body, when this is its chat form: what an Anthropic
+    /// backend is sent instead.
+    pub native: Option<Arc<crate::messages::Native>>,
 }
 
 /// Completion tokens assumed for a request that sets no `max_tokens`.
@@ -196,6 +199,7 @@ impl ClientRequest {
             max_tokens: None,
             include_usage: false,
             previous_response_id: None,
+            native: None,
         };
         request.model = request.text("model")?;
         request.stream = request
@@ -355,6 +359,8 @@ impl ClientRequest {
             max_tokens: self.max_tokens,
             include_usage: self.include_usage,
             previous_response_id: self.previous_response_id.clone(),
+            // A continuation says the prefill in the chat form: every backend is sent that.
+            native: None,
         })
     }
 }

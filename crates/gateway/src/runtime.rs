@@ -52,6 +52,8 @@ pub struct Runtime {
     pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
     /// Where the listeners are in a stop; shared by every runtime of the gateway.
     pub stopping: Arc<crate::stopping::Stopping>,
+    /// The JWT issuers' signing keys; shared by every runtime of the gateway.
+    pub key_sets: Arc<crate::jwt::KeySets>,
 }
 
 impl Runtime {
@@ -101,6 +103,7 @@ impl Runtime {
             traces: Arc::default(),
             telemetry: None,
             stopping: Arc::default(),
+            key_sets: Arc::default(),
         }
     }
 
@@ -118,6 +121,7 @@ impl Runtime {
         next.traces = self.traces.clone();
         next.telemetry = crate::telemetry::carry_over(&self.telemetry, &next.snapshot);
         next.stopping = self.stopping.clone();
+        next.key_sets = self.key_sets.clone();
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&*backend.name) else {
                 continue;

@@ -443,6 +443,11 @@ impl Relay {
         self.translator.usage()
     }
 
+    /// Whether its events are the upstream's own, in the caller's dialect.
+    pub fn passes_through(&self) -> bool {
+        self.translator.passes_through()
+    }
+
     /// Reads until the first content event; failures before it are the attempt's failures.
     pub async fn open(
         body: UpstreamBody,

@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 
-use crate::provider::anthropic::AnthropicEvents;
+use crate::provider::anthropic::{AnthropicEvents, PassedEvents};
 use crate::provider::openai_shaped::ChatEvents;
 use crate::provider::responses::ResponsesEvents;
 use crate::provider::{self, EventTranslator};
@@ -50,6 +50,12 @@ pub fn anthropic_stream(input: &[u8], include_usage: bool) -> Translated {
         Box::new(AnthropicEvents::new(include_usage, 0, CREATED)),
         input,
     )
+}
+
+/// An Anthropic Messages event stream as an Anthropic client gets it from an Anthropic backend:
+/// passed through, its usage read.
+pub fn anthropic_passed_stream(input: &[u8]) -> Translated {
+    run(Box::new(PassedEvents::new(0)), input)
 }
 
 /// An OpenAI-shaped chat stream as the relay sends it: quirks repaired, the usage chunk kept

@@ -308,6 +308,45 @@ async fn a_stream_the_client_stops_reading_is_ended_by_the_write_timeout_and_its
 }
 
 #[tokio::test]
+async fn an_h2_stream_the_client_stops_reading_is_ended_by_the_total_timeout_and_releases_its_upstream(
+) {
+    let behavior = Behavior {
+        endless: true,
+        ..Behavior::default()
+    };
+    let settings = format!("routing: {{ timeouts: {{ total: 3s }} }}\n{ROUTES}");
+    let h = Harness::start(fleet(behavior), &settings).await;
+    let stream = tokio::net::TcpStream::connect(h.gateway.addr())
+        .await
+        .unwrap();
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post(h.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            STREAMED_CHAT.as_bytes(),
+        )))
+        .unwrap();
+    // The answer's head is taken; its body never is, so the stream's window shuts.
+    let answer = sender.send_request(request).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(in_flight(&h).await, 1.0, "the stream is under way");
+    let took = drained(&h, Duration::from_secs(3) + SLACK).await;
+    assert!(took.is_some(), "still in flight past the total timeout");
+    assert!(
+        eventually(|| h.endpoint("a").cancelled() == 1).await,
+        "the upstream stream was not released before its end"
+    );
+    drop(answer);
+}
+
+#[tokio::test]
 async fn a_stream_the_client_reads_whole_is_ended_at_the_total_timeout_with_an_error_event() {
     let behavior = Behavior {
         endless: true,

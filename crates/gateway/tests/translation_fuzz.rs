@@ -88,6 +88,20 @@ fn noise(rng: &mut StdRng) -> Vec<u8> {
 
 /// Every event of an emitted stream carries JSON (or `[DONE]`) data, or is a comment.
 fn assert_well_formed(output: &[u8], what: &str, seed: u64) {
+    assert_events(output, what, seed, |data| {
+        serde_json::from_str::<Value>(data).is_ok()
+    });
+}
+
+/// As [`assert_well_formed`], for events passed through as they came: their data is JSON by its
+/// grammar (a number too large for a float is JSON, though no `Value` holds it).
+fn assert_passed_well_formed(output: &[u8], what: &str, seed: u64) {
+    assert_events(output, what, seed, |data| {
+        serde_json::from_str::<serde::de::IgnoredAny>(data).is_ok()
+    });
+}
+
+fn assert_events(output: &[u8], what: &str, seed: u64, json: impl Fn(&str) -> bool) {
     let text = String::from_utf8(output.to_vec())
         .unwrap_or_else(|_| panic!("{what} seed {seed}: not UTF-8"));
     for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
@@ -105,7 +119,7 @@ fn assert_well_formed(output: &[u8], what: &str, seed: u64) {
         );
         let data = data.join("\n");
         assert!(
-            data == "[DONE]" || serde_json::from_str::<Value>(&data).is_ok(),
+            data == "[DONE]" || json(&data),
             "{what} seed {seed}: data that is not JSON: {data:?}"
         );
     }
@@ -130,6 +144,9 @@ fn stream_translators_survive_random_and_mutated_input() {
     for seed in 0..CASES {
         let mut rng = rng(seed);
         let (anthropic, openai, responses) = inputs(&mut rng, seed);
+        // Passed through, a whole stream comes out as it went in.
+        let passed = translate::anthropic_passed_stream(&anthropic);
+        assert_eq!(passed.output, anthropic, "seed {seed}: passed through");
         let cases = [
             ("anthropic", mutate(&mut rng, &anthropic)),
             ("anthropic", noise(&mut rng)),
@@ -145,6 +162,8 @@ fn stream_translators_survive_random_and_mutated_input() {
                     assert_well_formed(&out.output, "anthropic stream", seed);
                     let encoded = translate::messages_stream(&out.output);
                     assert_well_formed(&encoded, "round trip", seed);
+                    let passed = translate::anthropic_passed_stream(&input);
+                    assert_passed_well_formed(&passed.output, "passed through", seed);
                 }
                 "openai" => {
                     let out = translate::chat_stream(&input, include_usage);

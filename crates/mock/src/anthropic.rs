@@ -88,10 +88,16 @@ impl Wire for Anthropic {
     }
 
     fn chat(&self, chat: &Chat, reply: &Reply, model: &str) -> Payload {
+        let thinking = match chat.thinking {
+            true => crate::thinking::blocks(chat.prompt_tokens, chat.redacted_thinking),
+            false => Vec::new(),
+        };
         let message = Message {
             id: ident::token("msg_01", 22),
             model,
             input_tokens: chat.prompt_tokens,
+            cached: chat.cached_prefix,
+            thinking,
         };
         if chat.stream {
             Payload::Stream(message.events(reply))
@@ -185,7 +191,12 @@ fn rfc3339(unix: u64) -> String {
 struct Message<'a> {
     id: String,
     model: &'a str,
+    /// The whole prompt's tokens, its cached prefix included.
     input_tokens: u64,
+    /// The prompt's prefix up to its last cache breakpoint, read from the cache or written now.
+    cached: Option<crate::thinking::CachedPrefix>,
+    /// The thinking blocks the answer starts with (extended thinking on).
+    thinking: Vec<Value>,
 }
 
 fn stop_reason(reply: &Reply) -> &'static str {
@@ -206,12 +217,26 @@ fn input(call: &ToolCall) -> Value {
 }
 
 impl Message<'_> {
+    /// The input tokens outside the cache, those read from it and those written to it.
+    fn input(&self) -> (u64, u64, u64) {
+        let Some(prefix) = self.cached else {
+            return (self.input_tokens, 0, 0);
+        };
+        let cached = prefix.tokens.min(self.input_tokens);
+        let rest = self.input_tokens - cached;
+        match prefix.read {
+            true => (rest, cached, 0),
+            false => (rest, 0, cached),
+        }
+    }
+
     fn usage(&self, output_tokens: u64) -> Value {
+        let (input, read, write) = self.input();
         json!({
-            "input_tokens": self.input_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+            "input_tokens": input,
+            "cache_creation_input_tokens": write,
+            "cache_read_input_tokens": read,
+            "cache_creation": {"ephemeral_5m_input_tokens": write, "ephemeral_1h_input_tokens": 0},
             "output_tokens": output_tokens,
             "service_tier": "standard",
         })
@@ -226,7 +251,8 @@ impl Message<'_> {
     }
 
     fn whole(&self, reply: &Reply) -> Value {
-        let mut content = vec![json!({"type": "text", "text": reply.text()})];
+        let mut content = self.thinking.clone();
+        content.push(json!({"type": "text", "text": reply.text()}));
         for call in &reply.tool_calls {
             content.push(json!({"type": "tool_use", "id": tool_id(), "name": call.name, "input": input(call)}));
         }
@@ -256,38 +282,43 @@ impl Message<'_> {
     /// tool_use block per tool call, message_delta (cumulative usage), message_stop. No
     /// [DONE]: message_stop ends it.
     fn events(&self, reply: &Reply) -> Script {
-        let preamble = vec![
-            named_event(
-                "message_start",
-                &json!({"type": "message_start", "message": self.envelope(json!([]), None, 1)}),
-            ),
+        let mut preamble = vec![named_event(
+            "message_start",
+            &json!({"type": "message_start", "message": self.envelope(json!([]), None, 1)}),
+        )];
+        for (index, block) in self.thinking.iter().enumerate() {
+            preamble.extend(thinking_events(index, block));
+        }
+        let text = self.thinking.len();
+        preamble.extend([
             named_event(
                 "content_block_start",
-                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                &json!({"type": "content_block_start", "index": text, "content_block": {"type": "text", "text": ""}}),
             ),
             named_event("ping", &json!({"type": "ping"})),
-        ];
+        ]);
         let mut content: Vec<Bytes> = reply
             .chunks
             .iter()
             .map(|w| {
-                let delta = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}});
+                let delta = json!({"type": "content_block_delta", "index": text, "delta": {"type": "text_delta", "text": w}});
                 named_event("content_block_delta", &delta)
             })
             .collect();
         let text_stop = named_event(
             "content_block_stop",
-            &json!({"type": "content_block_stop", "index": 0}),
+            &json!({"type": "content_block_stop", "index": text}),
         );
         if !reply.tool_calls.is_empty() {
             content.push(text_stop.clone());
             for (i, call) in reply.tool_calls.iter().enumerate() {
-                content.extend(Self::tool_events(i + 1, call));
+                content.extend(Self::tool_events(text + 1 + i, call));
             }
         }
+        let (input, read, write) = self.input();
         let usage = json!({
-            "input_tokens": self.input_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0, "output_tokens": reply.tokens(),
+            "input_tokens": input, "cache_creation_input_tokens": write,
+            "cache_read_input_tokens": read, "output_tokens": reply.tokens(),
         });
         let mut tail = Vec::new();
         if reply.tool_calls.is_empty() {
@@ -306,6 +337,42 @@ impl Message<'_> {
             tail,
         }
     }
+}
+
+/// A thinking block as the stream tells it: its start (empty, for thinking), its text in two
+/// deltas and its signature, its stop; a redacted block whole in its start.
+fn thinking_events(index: usize, block: &Value) -> Vec<Bytes> {
+    let start = |content_block: Value| {
+        let start =
+            json!({"type": "content_block_start", "index": index, "content_block": content_block});
+        named_event("content_block_start", &start)
+    };
+    let delta = |delta: Value| {
+        let delta = json!({"type": "content_block_delta", "index": index, "delta": delta});
+        named_event("content_block_delta", &delta)
+    };
+    let mut events = Vec::new();
+    if block["type"] == "thinking" {
+        let text = block["thinking"].as_str().unwrap_or_default();
+        let split = (text.len() / 2..=text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(text.len());
+        let (head, tail) = text.split_at(split);
+        events.push(start(
+            json!({"type": "thinking", "thinking": "", "signature": ""}),
+        ));
+        for part in [head, tail] {
+            events.push(delta(json!({"type": "thinking_delta", "thinking": part})));
+        }
+        events.push(delta(
+            json!({"type": "signature_delta", "signature": block["signature"]}),
+        ));
+    } else {
+        events.push(start(block.clone()));
+    }
+    let stop = json!({"type": "content_block_stop", "index": index});
+    events.push(named_event("content_block_stop", &stop));
+    events
 }
 
 #[cfg(test)]

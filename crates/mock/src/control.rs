@@ -16,6 +16,7 @@ pub fn answer(shared: &Shared, parts: &Parts, body: &[u8]) -> Response<Body> {
     let path = parts.uri.path().trim_start_matches("/_mock/");
     match (&parts.method, path) {
         (&Method::GET, "stats") => plain_json(StatusCode::OK, &stats(shared)),
+        (&Method::GET, "last_request") => plain_json(StatusCode::OK, &shared.last_request()),
         (&Method::PUT, "behavior") => with_behavior(body, |b| shared.set_behavior(b)),
         (&Method::POST, "reset") => {
             shared.reset_all();
@@ -64,7 +65,7 @@ fn with_behavior(body: &[u8], apply: impl FnOnce(Behavior)) -> Response<Body> {
 }
 
 fn not_found() -> Response<Body> {
-    let routes = "GET /_mock/stats, PUT /_mock/behavior, PUT /_mock/deployments/{d}/behavior, POST /_mock/reset";
+    let routes = "GET /_mock/stats, GET /_mock/last_request, PUT /_mock/behavior, PUT /_mock/deployments/{d}/behavior, POST /_mock/reset";
     plain_json(
         StatusCode::NOT_FOUND,
         &json!({"error": format!("unknown control route; try {routes}")}),

@@ -44,6 +44,7 @@ pub async fn handle(
             Err(refusal) => realtime::refused(refusal, &kill).await,
         });
     }
+    shared.remember_request(&parts.headers, &body);
     let watch = Watch::new(shared.counters.clone());
     Ok(Exchange::new(&shared, &parts, &body)
         .answer(watch, &kill)
@@ -256,7 +257,10 @@ impl<'a> Exchange<'a> {
     }
 
     fn chat(&self, d: &Deployment, body: &Value) -> Result<(Payload, Option<Snapshot>), Failure> {
-        let chat = self.wire.parse_chat(body)?;
+        let mut chat = self.wire.parse_chat(body)?;
+        if let Some(prefix) = chat.cached_prefix.as_mut() {
+            prefix.read = self.shared.cache_prefix(prefix.key);
+        }
         if let Some(limit) = d.spec.context_window.filter(|&l| chat.prompt_tokens > l) {
             return Err(Reject::ContextTooLong {
                 limit,

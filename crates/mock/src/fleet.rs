@@ -78,6 +78,12 @@ impl Endpoint {
         self.shared.requests(deployment)
     }
 
+    /// The last model request this endpoint received: `{"headers": {..}, "body": "<as sent>"}`
+    /// (as `GET /_mock/last_request` answers), `null` before any.
+    pub fn last_request(&self) -> serde_json::Value {
+        self.shared.last_request()
+    }
+
     pub fn total_requests(&self) -> u64 {
         self.shared.total()
     }

@@ -3,8 +3,11 @@
 //! side is not silently mirrored on the other.
 //!
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
-//! (`GET stats`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST reset`). Azure and OpenAI
+//! (`GET stats`, `GET last_request`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST
+//! reset`). Azure and OpenAI
 //! endpoints also accept realtime WebSocket sessions at their dialect's realtime URLs.
+//!
+//! An [`Issuer`] simulates an OIDC identity provider whose tokens callers present to the gateway.
 
 mod anthropic;
 mod azure;
@@ -15,6 +18,7 @@ mod dispatch;
 mod embeddings;
 mod fleet;
 mod ident;
+mod oidc;
 mod openai;
 mod quota;
 mod realtime;
@@ -26,10 +30,12 @@ mod server;
 mod spec;
 mod state;
 mod stream;
+mod thinking;
 mod yaml;
 
 pub use behavior::Behavior;
 pub use fleet::{refusing_port, Endpoint, Fleet};
+pub use oidc::{Issuer, Mint, DEFAULT_AUDIENCE};
 pub use realtime::RealtimeHandshake;
 pub use spec::{DeploymentSpec, Dialect, EndpointSpec};
-pub use yaml::{run_from_yaml, specs_from_yaml};
+pub use yaml::{issuers_from_yaml, run_from_yaml, specs_from_yaml};

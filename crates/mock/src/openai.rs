@@ -354,6 +354,10 @@ pub fn completion(chat: &Chat, reply: &Reply, model: &str) -> Value {
             body.remove("usage");
         }
     }
+    if let Some(echo) = &chat.echo {
+        body["mock_echo"] = echo.clone();
+        body["choices"][0]["message"]["mock_echo"] = echo.clone();
+    }
     body
 }
 
@@ -411,6 +415,9 @@ pub fn chunks(chat: &Chat, reply: &Reply, model: &str) -> Chunks {
         });
         if chat.include_usage && !reply.quirks {
             c["usage"] = Value::Null;
+        }
+        if let Some(echo) = &chat.echo {
+            c["mock_echo"] = echo.clone();
         }
         c
     };

@@ -28,6 +28,15 @@ pub struct Chat {
     pub tool_result: Option<String>,
     /// Responses API: the stored response this request continues.
     pub previous_response_id: Option<String>,
+    /// The request's `mock_echo` field, a field no API knows: OpenAI-shaped answers carry it
+    /// back in fields of the same name (top level, message or delta), no SDK knowing them either.
+    pub echo: Option<Value>,
+    /// Anthropic: extended thinking is on, so the answer starts with its thinking.
+    pub thinking: bool,
+    /// Anthropic: the prompt asks for redacted thinking too.
+    pub redacted_thinking: bool,
+    /// Anthropic: the prompt up to its last `cache_control` breakpoint.
+    pub cached_prefix: Option<crate::thinking::CachedPrefix>,
 }
 
 /// A tool offered to the model: its name and JSON schema.
@@ -83,6 +92,11 @@ impl Chat {
             Reject::Invalid("max_tokens: Input should be a valid integer".to_owned())
         })?;
         let mut chat = Chat::measure(body, messages, body.get("system"), Some(max_tokens))?;
+        chat.thinking = crate::thinking::enabled(body);
+        crate::thinking::check(messages, chat.thinking)?;
+        chat.redacted_thinking =
+            chat.thinking && body.to_string().contains(crate::thinking::REDACTED_TRIGGER);
+        chat.cached_prefix = crate::thinking::cached_prefix(body);
         if body["tool_choice"]["type"] != "none" {
             chat.tools = tools(&body["tools"], |t| (&t["name"], &t["input_schema"]));
         }
@@ -124,6 +138,10 @@ impl Chat {
             parallel_tools: true,
             tool_result: None,
             previous_response_id: None,
+            echo: body.get("mock_echo").cloned(),
+            thinking: false,
+            redacted_thinking: false,
+            cached_prefix: None,
         })
     }
 
@@ -159,7 +177,7 @@ fn messages(body: &Value) -> Result<&[Value], Reject> {
 }
 
 /// The text of a message content: a string, or parts and blocks (text, tool results) holding text.
-fn text_of(content: &Value) -> String {
+pub fn text_of(content: &Value) -> String {
     match content {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts.iter().map(text_of).collect(),

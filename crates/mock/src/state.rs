@@ -39,6 +39,10 @@ pub struct Shared {
     error_ticks: AtomicU64,
     /// Ids of the Responses API answers this endpoint stored.
     responses: Mutex<HashSet<String>>,
+    /// The last model request: its headers and its body as it arrived, for tests to read.
+    last_request: Mutex<Option<(hyper::HeaderMap, bytes::Bytes)>>,
+    /// The keys of the prompt prefixes in the (Anthropic) prompt cache.
+    prompt_cache: Mutex<HashSet<u64>>,
 }
 
 impl Shared {
@@ -60,6 +64,8 @@ impl Shared {
             overrides: Mutex::default(),
             error_ticks: AtomicU64::new(0),
             responses: Mutex::default(),
+            last_request: Mutex::default(),
+            prompt_cache: Mutex::default(),
         }
     }
 
@@ -73,6 +79,32 @@ impl Shared {
 
     pub fn has_response(&self, id: &str) -> bool {
         lock(&self.responses).contains(id)
+    }
+
+    /// Keeps a model request's headers and body, for [`Shared::last_request`].
+    pub fn remember_request(&self, headers: &hyper::HeaderMap, body: &bytes::Bytes) {
+        *lock(&self.last_request) = Some((headers.clone(), body.clone()));
+    }
+
+    /// The last model request: its headers, and its body as text (byte for byte when UTF-8).
+    pub fn last_request(&self) -> serde_json::Value {
+        let Some((headers, body)) = lock(&self.last_request).clone() else {
+            return serde_json::Value::Null;
+        };
+        let headers: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(name, value)| {
+                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                (name.as_str().to_owned(), serde_json::Value::String(value))
+            })
+            .collect();
+        let body = String::from_utf8_lossy(&body).into_owned();
+        serde_json::json!({"headers": headers, "body": body})
+    }
+
+    /// Puts a prompt prefix in the cache; whether it was there already.
+    pub fn cache_prefix(&self, key: u64) -> bool {
+        !lock(&self.prompt_cache).insert(key)
     }
 
     pub fn set_behavior(&self, b: Behavior) {
@@ -149,6 +181,8 @@ impl Shared {
         self.reset_counters();
         self.set_behavior(self.spec.behavior.clone());
         lock(&self.overrides).clear();
+        lock(&self.prompt_cache).clear();
+        *lock(&self.last_request) = None;
         for d in &self.deployments {
             *lock(&d.window) = Window::default();
         }

@@ -9,12 +9,22 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::{Behavior, DeploymentSpec, Dialect, EndpointSpec, Fleet};
+use crate::{Behavior, DeploymentSpec, Dialect, EndpointSpec, Fleet, Issuer};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FleetFile {
     endpoints: Vec<EndpointEntry>,
+    /// Simulated OIDC issuers (`oidc.rs`).
+    #[serde(default)]
+    issuers: Vec<IssuerEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IssuerEntry {
+    name: String,
+    listen: Option<SocketAddr>,
 }
 
 #[derive(Deserialize)]
@@ -48,12 +58,27 @@ fn default_region() -> String {
     "local".to_owned()
 }
 
-/// Parses a mock fleet description into endpoint specs.
-pub fn specs_from_yaml(text: &str) -> Result<Vec<EndpointSpec>, String> {
+fn fleet_file(text: &str) -> Result<FleetFile, String> {
     let docs = YamlLoader::load_from_str(text).map_err(|e| format!("mock fleet YAML: {e}"))?;
     let doc = docs.first().ok_or("mock fleet YAML: empty document")?;
-    let file: FleetFile =
-        serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))?;
+    serde_json::from_value(to_json(doc)?).map_err(|e| format!("mock fleet YAML: {e}"))
+}
+
+/// Starts the `issuers` of a fleet description, each with its name.
+pub async fn issuers_from_yaml(text: &str) -> Result<Vec<(String, Issuer)>, String> {
+    let mut issuers = Vec::new();
+    for entry in fleet_file(text)?.issuers {
+        let issuer = Issuer::start(entry.listen)
+            .await
+            .map_err(|e| format!("issuer {}: {e}", entry.name))?;
+        issuers.push((entry.name, issuer));
+    }
+    Ok(issuers)
+}
+
+/// Parses a mock fleet description into endpoint specs.
+pub fn specs_from_yaml(text: &str) -> Result<Vec<EndpointSpec>, String> {
+    let file = fleet_file(text)?;
     Ok(file
         .endpoints
         .into_iter()
@@ -175,5 +200,20 @@ endpoints:
             .unwrap_err();
         assert!(err.contains("colour"), "{err}");
         assert!(specs_from_yaml("endpoints: [{ name: a, dialect: gemini }]").is_err());
+    }
+
+    #[tokio::test]
+    async fn starts_the_issuers_it_lists() {
+        let issuers = issuers_from_yaml("endpoints: []\nissuers: [{ name: entra }]\n")
+            .await
+            .unwrap();
+        let (name, issuer) = &issuers[0];
+        assert_eq!(name, "entra");
+        assert!(issuer.url().starts_with("http://127.0.0.1:"));
+        assert!(
+            issuers_from_yaml("endpoints: []\nissuers: [{ name: e, colour: red }]\n")
+                .await
+                .is_err()
+        );
     }
 }

@@ -1,10 +1,14 @@
 //! `onedoor demo`: a simulated fleet on loopback (subscriptions in several regions, one throttled,
-//! one down, an Anthropic endpoint) and the gateway in front of it, on an embedded config.
+//! one down, an Anthropic endpoint), a simulated OIDC issuer whose tokens the demo tenant's
+//! application may present instead of its key, and the gateway in front of it all, on an
+//! embedded config.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
-use onedoor_mock::{refusing_port, Behavior, DeploymentSpec, EndpointSpec, Fleet};
+use onedoor_mock::{
+    refusing_port, Behavior, DeploymentSpec, EndpointSpec, Fleet, Issuer, DEFAULT_AUDIENCE,
+};
 
 use crate::keys::{new_key, sha256_hex};
 use crate::{problems_text, stopped, Failure};
@@ -65,8 +69,12 @@ fn url(fleet: &Fleet, name: &str) -> String {
     fleet.endpoint(name).map(|e| e.url()).unwrap_or_default()
 }
 
+/// The `azp` of the demo application's tokens: the claim its principal names.
+const DEMO_APP: &str = "demo-app";
+
 fn config_yaml(
     fleet: &Fleet,
+    issuer: &str,
     port: u16,
     down_port: u16,
     key_hash: &str,
@@ -101,6 +109,9 @@ fn config_yaml(
 admin: {{ listen: 127.0.0.1:0, token: "{admin_token}" }}
 usage: {{ store: "sqlite://{DEMO_USAGE_FILE}" }}
 routing: {{ max_attempts: 4, not_served_ttl: 10m, timeouts: {{ connect: 1s, first_token: 20s }} }}
+client_auth:
+  jwt:
+    - {{ issuer: "{issuer}", audience: "{DEFAULT_AUDIENCE}" }}
 circuit_breakers:
   default:
     rules:
@@ -155,11 +166,13 @@ tenants:
   - name: demo
     keys:
       - {{ id: demo-key, sha256: {key_hash} }}
+    principals:
+      - {{ id: demo-app, claim: azp, equals: {DEMO_APP} }}
 "#
     )
 }
 
-fn examples(url: &str, key: &str, admin: &str, admin_token: &str) -> String {
+fn examples(url: &str, key: &str, issuer: &str, admin: &str, admin_token: &str) -> String {
     format!(
         r#"
 Paste into a shell:
@@ -205,6 +218,21 @@ client = AzureOpenAI(azure_endpoint=os.environ["ONEDOOR_URL"], api_key=os.enviro
 reply = client.chat.completions.create(model="chat-default", messages=[{{"role": "user", "content": "Hello"}}])
 print(reply.choices[0].message.content)
 print(len(client.embeddings.create(model="embed-default", input="Hello").data[0].embedding), "dimensions")
+PY
+
+An application with an Entra ID identity instead of a key: the AzureOpenAI client's
+azure_ad_token_provider gets a token (here from the simulated issuer, as from
+azure.identity's get_bearer_token_provider on Azure) and the gateway checks it against the
+issuer's keys; the token's azp makes it the demo tenant's principal "{DEMO_APP}":
+
+python3 - <<'PY'
+import json, os, urllib.request
+from openai import AzureOpenAI
+def entra_token():
+    ask = urllib.request.Request("{issuer}/_mock/tokens", data=json.dumps({{"claims": {{"azp": "{DEMO_APP}"}}}}).encode(), headers={{"content-type": "application/json"}})
+    return json.load(urllib.request.urlopen(ask))["access_token"]
+client = AzureOpenAI(azure_endpoint=os.environ["ONEDOOR_URL"], azure_ad_token_provider=entra_token, api_version="2024-10-21")
+print(client.chat.completions.create(model="chat-default", messages=[{{"role": "user", "content": "Hello"}}]).choices[0].message.content)
 PY
 
 One API for every backend: the anthropic SDK (pip install anthropic) on /v1/messages against the
@@ -269,12 +297,22 @@ pub async fn run(port: u16) -> Result<(), Failure> {
     let fleet = Fleet::start(fleet_specs())
         .await
         .map_err(|e| Failure::Runtime(format!("cannot start the simulated fleet: {e}")))?;
+    let issuer = Issuer::start(None)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot start the simulated issuer: {e}")))?;
     let key = new_key();
     let admin_token = new_key();
     // The "down" subscription: held for as long as the demo runs.
     let (_refusing, down_port) = refusing_port()
         .map_err(|e| Failure::Runtime(format!("cannot reserve a down port: {e}")))?;
-    let yaml = config_yaml(&fleet, port, down_port, &sha256_hex(&key), &admin_token);
+    let yaml = config_yaml(
+        &fleet,
+        &issuer.url(),
+        port,
+        down_port,
+        &sha256_hex(&key),
+        &admin_token,
+    );
     let snapshot = onedoor_config::parse(&yaml, Path::new("<demo>"), &|_| None).map_err(|p| {
         Failure::Runtime(format!(
             "the embedded demo config is invalid:\n{}",
@@ -294,9 +332,13 @@ pub async fn run(port: u16) -> Result<(), Failure> {
     for endpoint in fleet.endpoints() {
         println!("  {:<28} {}", endpoint.name(), endpoint.url());
     }
+    println!("  {:<28} {} (OIDC issuer)", "entra-id-issuer", issuer.url());
     let url = format!("http://{}", running.addr());
     let admin = format!("http://{}", running.admin_addr());
-    println!("{}", examples(&url, &key, &admin, &admin_token));
+    println!(
+        "{}",
+        examples(&url, &key, &issuer.url(), &admin, &admin_token)
+    );
     stopped().await;
     // No drain delay: nothing routes to the demo by endpoint lists. A second signal stops at once.
     tokio::select! {
@@ -304,5 +346,6 @@ pub async fn run(port: u16) -> Result<(), Failure> {
         () = stopped() => {}
     }
     fleet.shutdown().await;
+    issuer.shutdown();
     Ok(())
 }

@@ -212,8 +212,14 @@ async fn mock(config: PathBuf) -> Result<(), Failure> {
     let fleet = onedoor_mock::run_from_yaml(&text)
         .await
         .map_err(Failure::BadInput)?;
+    let issuers = onedoor_mock::issuers_from_yaml(&text)
+        .await
+        .map_err(Failure::BadInput)?;
     for endpoint in fleet.endpoints() {
         println!("{}\t{}", endpoint.name(), endpoint.url());
+    }
+    for (name, issuer) in &issuers {
+        println!("{name}\t{}", issuer.url());
     }
     stopped().await;
     fleet.shutdown().await;

@@ -56,6 +56,44 @@ fn validate_prints_each_of_five_mistakes_at_its_location() {
     }
 }
 
+const JWT_MISTAKES: &str = r#"client_auth:
+  jwt:
+    - { issuer: login.microsoftonline.com/t/v2.0, audience: api://onedoor }
+    - { issuer: "http://idp.internal.example/", audience: api://onedoor }
+tenants:
+  - name: legal
+    principals:
+      - { id: app, claim: "roles[0]", equals: Ops }
+      - { id: app, claim: azp, equals: "0000-1" }
+"#;
+
+#[test]
+fn validate_locates_jwt_issuer_and_principal_mistakes() {
+    let path = temp_file("jwt", JWT_MISTAKES);
+    let output = onedoor()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let file = path.display().to_string();
+    let expected = [
+        "3:17: issuer must be a URL starting with https://",
+        "4:17: issuer \"http://idp.internal.example/\" is plain http on a host that is not loopback",
+        "8:27: unknown claim form \"roles[0]\"",
+        "9:15: duplicate key id \"app\"",
+    ];
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), expected.len(), "{stdout}");
+    for (line, words) in lines.iter().zip(expected) {
+        assert!(
+            line.starts_with(&format!("{file}:{words}")),
+            "{line} is not at {words}"
+        );
+    }
+}
+
 #[test]
 fn validate_summarises_a_good_config_without_its_secrets() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/onedoor.yaml");

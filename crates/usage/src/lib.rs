@@ -39,6 +39,7 @@ pub(crate) fn testing_record(request_id: &str) -> UsageRecord {
             input: 100,
             output: 20,
             cached: 10,
+            cache_write: 5,
             source: Source::Measured,
         },
         estimated_tokens: 150,

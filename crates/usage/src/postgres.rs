@@ -141,6 +141,7 @@ impl PostgresStore {
                 &r.attempt_trail,
                 &r.stream,
                 &r.stream_cut,
+                &r.cache_write_tokens,
             ]);
         }
         let sql = schema::insert(rows.len(), |n| format!("${n}"));
@@ -211,7 +212,7 @@ mod tests {
         drop(store);
         testing::drop_database(testing::MACHINE_POSTGRES, &url).await;
         let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
-        let rest = "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|true|false";
+        let rest = "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|true|false|5";
         assert_eq!(
             rows,
             [

@@ -56,6 +56,7 @@ mod tests {
             input: 1_000,
             output: 500,
             cached: 200,
+            cache_write: 0,
             source: Source::Measured,
         };
         let cost = cost_of(Some(&GPT_4O), &tokens);

@@ -26,12 +26,15 @@ impl Source {
 }
 
 /// The tokens of one request. `cached` is the part of `input` the upstream served from its
-/// prompt cache.
+/// prompt cache, `cache_write` the part it wrote to it (Anthropic's cache creation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tokens {
     pub input: u64,
     pub output: u64,
     pub cached: u64,
+    /// Absent from records journaled before it was counted: none.
+    #[serde(default)]
+    pub cache_write: u64,
     pub source: Source,
 }
 

@@ -33,6 +33,8 @@ pub const MIGRATIONS: &[&str] = &[
         stream_cut BOOLEAN NOT NULL
     );
     CREATE INDEX usage_records_at ON usage_records (at_ms);",
+    // 2: the input tokens written to a prompt cache (part of input_tokens, like cached_tokens).
+    "ALTER TABLE usage_records ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0;",
 ];
 
 /// The version a store is at once every migration is applied.
@@ -69,6 +71,7 @@ pub const COLUMNS: &[&str] = &[
     "attempt_trail",
     "stream",
     "stream_cut",
+    "cache_write_tokens",
 ];
 
 /// An insert of `rows` records that keeps the row already there for a request id;
@@ -121,6 +124,7 @@ pub struct Row<'a> {
     pub attempt_trail: &'a str,
     pub stream: bool,
     pub stream_cut: bool,
+    pub cache_write_tokens: i64,
 }
 
 impl<'a> Row<'a> {
@@ -148,6 +152,7 @@ impl<'a> Row<'a> {
             attempt_trail: &record.attempts,
             stream: record.stream,
             stream_cut: record.stream_cut,
+            cache_write_tokens: int(record.tokens.cache_write),
         }
     }
 }
@@ -160,9 +165,9 @@ mod tests {
     fn an_insert_numbers_every_parameter_and_keeps_existing_rows() {
         let sql = insert(2, |n| format!("${n}"));
         assert!(sql.contains("($1, $2,"), "{sql}");
-        assert!(sql.contains("$22), ($23,"), "{sql}");
+        assert!(sql.contains("$23), ($24,"), "{sql}");
         assert!(
-            sql.ends_with("$44) ON CONFLICT (request_id) DO NOTHING"),
+            sql.ends_with("$46) ON CONFLICT (request_id) DO NOTHING"),
             "{sql}"
         );
     }

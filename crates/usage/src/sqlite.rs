@@ -170,7 +170,8 @@ fn insert_rows(
             .bind(r.attempts)?
             .bind(r.attempt_trail)?
             .bind(r.stream)?
-            .bind(r.stream_cut)?;
+            .bind(r.stream_cut)?
+            .bind(r.cache_write_tokens)?;
     }
     let (bound, expected) = (binder.bound, statement.parameter_count());
     if bound != expected {
@@ -272,7 +273,7 @@ mod tests {
             .collect();
         let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
         let rest =
-            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0";
+            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0|5";
         assert_eq!(
             rows,
             [

@@ -39,6 +39,7 @@ fn record(run: &str, n: u64) -> UsageRecord {
             input: 10,
             output: n % 7 + 1,
             cached: 0,
+            cache_write: 0,
             source: Source::Measured,
         },
         estimated_tokens: 30,

@@ -2,20 +2,40 @@
 //! can use any alias: `system` as a system message, text and image blocks as content parts,
 //! `tool_use` blocks as tool calls, `tool_result` blocks as `tool` messages (before the rest of
 //! their user turn), tools, `tool_choice`, `stop_sequences`, `metadata.user_id`. The usage chunk
-//! is always asked for: an Anthropic stream reports usage in its `message_delta`.
+//! is always asked for: an Anthropic stream reports usage in its `message_delta`. What chat
+//! requests cannot say (documents, server tools, other block types) is refused as
+//! [`Refusal::Untranslatable`]: an Anthropic backend still takes such a request as it came.
 
 use serde_json::{json, Map, Value};
 
 use crate::errors::GatewayError;
 
-fn invalid<T>(message: impl Into<String>) -> Result<T, GatewayError> {
-    Err(GatewayError::InvalidRequest(message.into()))
+/// Why a Messages body has no Chat Completions form.
+#[derive(Debug)]
+pub enum Refusal {
+    /// The body is wrong whichever backend would serve it: the caller gets a 400.
+    Invalid(GatewayError),
+    /// The body is a valid Messages request that chat requests cannot say; only a backend of
+    /// its own dialect can take it.
+    Untranslatable(String),
+}
+
+fn invalid<T>(message: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal::Invalid(GatewayError::InvalidRequest(
+        message.into(),
+    )))
+}
+
+fn untranslatable<T>(message: impl Into<String>) -> Result<T, Refusal> {
+    Err(Refusal::Untranslatable(message.into()))
 }
 
 /// The Chat Completions body for a Messages body.
-pub fn to_chat(body: &[u8]) -> Result<Value, GatewayError> {
+pub fn to_chat(body: &[u8]) -> Result<Value, Refusal> {
     let body: Value = serde_json::from_slice(body).map_err(|e| {
-        GatewayError::InvalidRequest(format!("the request body is not valid JSON: {e}"))
+        Refusal::Invalid(GatewayError::InvalidRequest(format!(
+            "the request body is not valid JSON: {e}"
+        )))
     })?;
     let Some(fields) = body.as_object() else {
         return invalid("the request body must be a JSON object");
@@ -65,7 +85,7 @@ pub fn to_chat(body: &[u8]) -> Result<Value, GatewayError> {
     Ok(Value::Object(out))
 }
 
-fn system_text(system: Option<&Value>) -> Result<Option<String>, GatewayError> {
+fn system_text(system: Option<&Value>) -> Result<Option<String>, Refusal> {
     match system {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok((!s.is_empty()).then(|| s.clone())),
@@ -79,7 +99,7 @@ fn system_text(system: Option<&Value>) -> Result<Option<String>, GatewayError> {
 
 /// A user turn: its tool results as `tool` messages first (they answer the previous assistant
 /// turn), then the rest as one user message.
-fn user(turn: &Value, i: usize, messages: &mut Vec<Value>) -> Result<(), GatewayError> {
+fn user(turn: &Value, i: usize, messages: &mut Vec<Value>) -> Result<(), Refusal> {
     let blocks = match &turn["content"] {
         Value::String(s) => {
             messages.push(json!({"role": "user", "content": s}));
@@ -99,7 +119,7 @@ fn user(turn: &Value, i: usize, messages: &mut Vec<Value>) -> Result<(), Gateway
                 "content": tool_result_text(block),
             })),
             Some(other) => {
-                return invalid(format!(
+                return untranslatable(format!(
                     "messages.{i}: content blocks of type `{other}` are not supported by onedoor"
                 ))
             }
@@ -116,7 +136,7 @@ fn user(turn: &Value, i: usize, messages: &mut Vec<Value>) -> Result<(), Gateway
     Ok(())
 }
 
-fn image(source: &Value, i: usize) -> Result<Value, GatewayError> {
+fn image(source: &Value, i: usize) -> Result<Value, Refusal> {
     let url = match source["type"].as_str() {
         Some("base64") => format!(
             "data:{};base64,{}",
@@ -125,7 +145,7 @@ fn image(source: &Value, i: usize) -> Result<Value, GatewayError> {
         ),
         Some("url") => source["url"].as_str().unwrap_or_default().to_owned(),
         _ => {
-            return invalid(format!(
+            return untranslatable(format!(
                 "messages.{i}: an image source must be base64 or url"
             ))
         }
@@ -150,7 +170,7 @@ fn tool_result_text(block: &Value) -> String {
     }
 }
 
-fn assistant(turn: &Value, i: usize) -> Result<Value, GatewayError> {
+fn assistant(turn: &Value, i: usize) -> Result<Value, Refusal> {
     let blocks = match &turn["content"] {
         Value::String(s) => return Ok(json!({"role": "assistant", "content": s})),
         Value::Array(blocks) => blocks,
@@ -169,7 +189,7 @@ fn assistant(turn: &Value, i: usize) -> Result<Value, GatewayError> {
             // Thinking is the model's own scratchpad; other models cannot take it back.
             Some("thinking" | "redacted_thinking") => {}
             Some(other) => {
-                return invalid(format!(
+                return untranslatable(format!(
                     "messages.{i}: content blocks of type `{other}` are not supported by onedoor"
                 ))
             }
@@ -186,14 +206,14 @@ fn assistant(turn: &Value, i: usize) -> Result<Value, GatewayError> {
     Ok(message)
 }
 
-fn tools(fields: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), GatewayError> {
+fn tools(fields: &Map<String, Value>, out: &mut Map<String, Value>) -> Result<(), Refusal> {
     let Some(tools) = fields.get("tools").and_then(Value::as_array) else {
         return Ok(());
     };
     let mut functions = Vec::with_capacity(tools.len());
     for tool in tools {
         if !matches!(tool["type"].as_str(), None | Some("custom")) {
-            return invalid(format!(
+            return untranslatable(format!(
                 "tools of type `{}` (Anthropic server tools) are not supported by onedoor",
                 tool["type"].as_str().unwrap_or_default()
             ));

@@ -1,6 +1,9 @@
 //! Provider adapters: each turns a client request for one target into that provider's wire
 //! request, and its answer, error body or event stream back into the gateway's OpenAI shape.
-//! Dialects live here and nowhere else.
+//! Dialects live here and nowhere else. Where the client speaks the backend's dialect there is
+//! nothing to translate: an OpenAI or Azure body goes out with its `model` set, an Anthropic
+//! client's Messages body ([`crate::messages::Native`]) likewise, and their answers come back as
+//! the upstream wrote them, their usage read on the way.
 
 pub mod anthropic;
 mod azure;
@@ -53,6 +56,11 @@ pub trait EventTranslator: Send {
     fn answer_so_far(&self) -> StreamAnswer<'_> {
         StreamAnswer::default()
     }
+    /// Whether the events are the upstream's own, in the client's dialect (an Anthropic
+    /// client's Anthropic stream): they go to the caller as they came, never re-encoded.
+    fn passes_through(&self) -> bool {
+        false
+    }
 }
 
 /// What a stream said about its answer: the id it gave the answer and its latest finish reason
@@ -68,6 +76,9 @@ pub type Header = (HeaderName, HeaderValue);
 
 /// The header that carries an Anthropic backend's API version.
 pub const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+/// The header with which an Anthropic client asks for beta features; passed on to Anthropic
+/// backends with its request.
+pub const ANTHROPIC_BETA: HeaderName = HeaderName::from_static("anthropic-beta");
 
 /// The headers every request to `backend` carries, made once per snapshot so a request parses
 /// none of them: its credential (marked sensitive, so it is never printed) and, on Anthropic, its
@@ -175,10 +186,17 @@ pub fn build(
     request: &ClientRequest,
     known: Option<Uri>,
 ) -> Result<WireRequest, Unsendable> {
-    let body = match backend.provider {
-        Provider::Azure => azure::body(deployment, operation, request),
-        Provider::OpenAi => openai_body(request, Some(deployment), operation),
-        Provider::Anthropic => anthropic::body(deployment, request)?,
+    let native = request.native.as_deref();
+    if let Some(why) = native.and_then(|n| n.untranslatable.as_deref()) {
+        if backend.provider != Provider::Anthropic {
+            return Err(Unsendable::Invalid(why.to_owned()));
+        }
+    }
+    let body = match (backend.provider, native) {
+        (Provider::Azure, _) => azure::body(deployment, operation, request),
+        (Provider::OpenAi, _) => openai_body(request, Some(deployment), operation),
+        (Provider::Anthropic, Some(native)) => with_model(&native.body, deployment),
+        (Provider::Anthropic, None) => anthropic::body(deployment, request)?,
     };
     let uri = match known {
         Some(uri) => uri,
@@ -198,7 +216,27 @@ pub fn build(
     for (name, value) in stamp {
         headers.insert(name.clone(), value.clone());
     }
+    if let (Provider::Anthropic, Some(beta)) =
+        (backend.provider, native.and_then(|n| n.beta.as_ref()))
+    {
+        headers.insert(ANTHROPIC_BETA, beta.clone());
+    }
     Ok(WireRequest { uri, headers, body })
+}
+
+/// Whether the answer to `request` from `backend` is in the client's own dialect as the
+/// upstream wrote it: an Anthropic client's, from an Anthropic backend. (OpenAI-shaped answers
+/// are in the dialect of every client that is not Anthropic's.)
+pub fn passes_through(backend: &Backend, request: &ClientRequest) -> bool {
+    backend.provider == Provider::Anthropic && request.native.is_some()
+}
+
+/// The body with `model` in it: the body as it came when it names that model already.
+fn with_model(request: &ClientRequest, model: &str) -> Bytes {
+    match request.model.as_deref() == Some(model) {
+        true => request.raw().clone(),
+        false => request.with_model(model),
+    }
 }
 
 /// The body an OpenAI-shaped backend gets: `model` replaced when given and different, and on a
@@ -229,6 +267,10 @@ pub fn answer(
     created: u64,
 ) -> (Bytes, Usage) {
     let (body, usage, chars) = match (backend.provider, operation) {
+        (Provider::Anthropic, _) if passes_through(backend, request) => {
+            let (usage, chars) = anthropic::read_answer(&body);
+            (body, usage, chars)
+        }
         (Provider::Anthropic, _) => {
             let (body, usage) = anthropic::answer(body, created);
             let chars = answer_chars(&body, operation);
@@ -309,6 +351,9 @@ pub fn events(
     let prompt = request.prompt_estimate();
     match (backend.provider, operation) {
         (_, Operation::Responses) => Box::new(responses::ResponsesEvents::new(prompt, pin)),
+        (Provider::Anthropic, _) if passes_through(backend, request) => {
+            Box::new(anthropic::PassedEvents::new(prompt))
+        }
         (Provider::Anthropic, _) => Box::new(anthropic::AnthropicEvents::new(
             request.include_usage,
             prompt,

@@ -98,7 +98,7 @@ async fn accept(
     let ask = Ask::read(path, request.uri().query().unwrap_or(""), request.headers())?;
     let caller = match (auth::presented_key(request.headers()), &ask.subprotocol_key) {
         (None, Some(key)) => auth::caller_of(snapshot, key)?,
-        _ => auth::authenticate(snapshot, request.headers())?,
+        _ => auth::identify(runtime, request.headers()).await?,
     };
     seen.caller = Some((caller.tenant.name.clone(), caller.key.id.clone()));
     // One copy of the name, for the handshake's record and the session's usage record.
@@ -167,6 +167,7 @@ async fn accept(
             input: 0,
             output: 0,
             cached: 0,
+            cache_write: 0,
             source: Source::Estimated,
         },
         estimated_tokens: 0,

@@ -140,6 +140,7 @@ impl SessionUsage {
             input: self.input_tokens,
             output: self.output_tokens,
             cached: self.cached_tokens,
+            cache_write: 0,
             source: match self.responses {
                 0 => Source::Estimated,
                 _ => Source::Measured,

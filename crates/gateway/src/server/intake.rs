@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -82,6 +82,9 @@ where
             } else if let Some(by) = response.extensions().get::<AnswerBy>() {
                 watch.answer_by(by.0);
             }
+        }
+        if watch.is_none() {
+            kept_to_deadline(&mut response);
         }
         match (unread, &watch) {
             (None, _) => {}
@@ -183,6 +186,87 @@ async fn drain(mut unread: Incoming) {
         }
     };
     let _ = tokio::time::timeout(DRAIN, reading).await;
+}
+
+/// On h2, a streamed answer's deadline keeps its own time: a stream whose client stops reading has
+/// a shut flow-control window, so hyper stops polling its body and a deadline inside the body
+/// would never fire. At [`AnswerBy`] a timer drops the body, which releases its upstream and its
+/// in-flight slot; hyper resets the stream when it next asks for a frame.
+fn kept_to_deadline(response: &mut Response<Body>) {
+    let Some(&AnswerBy(by)) = response.extensions().get::<AnswerBy>() else {
+        return;
+    };
+    if response.body().size_hint().exact().is_some() {
+        return;
+    }
+    let body = std::mem::replace(response.body_mut(), crate::body::empty());
+    let slot = Arc::new(Mutex::new(Some(body)));
+    let timer = tokio::spawn({
+        let slot = Arc::clone(&slot);
+        async move {
+            tokio::time::sleep_until(by).await;
+            let overdue = lock(&slot).take();
+            drop(overdue);
+        }
+    });
+    *response.body_mut() = http_body_util::BodyExt::boxed_unsync(Deadlined {
+        slot,
+        timer: timer.abort_handle(),
+    });
+}
+
+/// A streamed h2 answer whose body a timer takes away at its deadline.
+struct Deadlined {
+    slot: Arc<Mutex<Option<Body>>>,
+    timer: tokio::task::AbortHandle,
+}
+
+fn lock(slot: &Mutex<Option<Body>>) -> std::sync::MutexGuard<'_, Option<Body>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug)]
+struct Overdue;
+
+impl std::fmt::Display for Overdue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the answer was not taken within the request's total timeout")
+    }
+}
+
+impl std::error::Error for Overdue {}
+
+impl http_body::Body for Deadlined {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match lock(&self.slot).as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(Some(Err(Box::new(Overdue)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        lock(&self.slot)
+            .as_ref()
+            .is_some_and(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        lock(&self.slot)
+            .as_ref()
+            .map_or_else(SizeHint::default, http_body::Body::size_hint)
+    }
+}
+
+impl Drop for Deadlined {
+    fn drop(&mut self) {
+        self.timer.abort();
+    }
 }
 
 /// Asks the connection to close after this answer.

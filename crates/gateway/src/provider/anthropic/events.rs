@@ -176,23 +176,9 @@ impl AnthropicEvents {
     }
 
     fn message_delta(&mut self, event: &Value, out: &mut Vec<(EventKind, Bytes)>) {
-        let usage = &event["usage"];
-        let mut merged = self
-            .usage
-            .unwrap_or(Usage::estimated(self.prompt_estimate, 0));
-        if let Some(output) = usage["output_tokens"].as_u64() {
-            merged.completion_tokens = output;
-            self.delta_seen = true;
-        }
-        // Newer API versions repeat the input counts here; older ones leave them to message_start.
-        if usage["input_tokens"].is_u64() {
-            if let Some(input) = Usage::from_anthropic(usage) {
-                merged.prompt_tokens = input.prompt_tokens;
-                merged.cached_tokens = input.cached_tokens;
-                merged.cache_write_tokens = input.cache_write_tokens;
-                merged.source = UsageSource::Measured;
-            }
-        }
+        let (merged, output_seen) =
+            merge_delta_usage(self.usage, self.prompt_estimate, &event["usage"]);
+        self.delta_seen |= output_seen;
         self.usage = Some(merged);
         let stop_reason = &event["delta"]["stop_reason"];
         if !stop_reason.is_null() && !self.finish_sent {
@@ -216,6 +202,30 @@ impl AnthropicEvents {
         self.done = true;
         out.push((EventKind::Error, Bytes::from(format!("data: {body}\n\n"))));
     }
+}
+
+/// The stream's usage so far (`current`, from `message_start`) with a `message_delta`'s `usage`
+/// in it, and whether that gave the output count.
+pub(super) fn merge_delta_usage(
+    current: Option<Usage>,
+    prompt_estimate: u64,
+    usage: &Value,
+) -> (Usage, bool) {
+    let mut merged = current.unwrap_or(Usage::estimated(prompt_estimate, 0));
+    let output = usage["output_tokens"].as_u64();
+    if let Some(output) = output {
+        merged.completion_tokens = output;
+    }
+    // Newer API versions repeat the input counts here; older ones leave them to message_start.
+    if usage["input_tokens"].is_u64() {
+        if let Some(input) = Usage::from_anthropic(usage) {
+            merged.prompt_tokens = input.prompt_tokens;
+            merged.cached_tokens = input.cached_tokens;
+            merged.cache_write_tokens = input.cache_write_tokens;
+            merged.source = UsageSource::Measured;
+        }
+    }
+    (merged, output.is_some())
 }
 
 impl EventTranslator for AnthropicEvents {

@@ -1,10 +1,12 @@
 //! Anthropic Messages backends: `{url}/v1/messages` with `x-api-key` and the backend's
 //! `anthropic-version`. The client's OpenAI request is translated on the way out; answers,
 //! error bodies and streams are translated back into the OpenAI shape the rest of the gateway
-//! (and the caller's dialect) works from.
+//! (and the caller's dialect) works from. An Anthropic client's request and answers pass
+//! through instead (`passthrough.rs`).
 
 mod answer;
 mod events;
+mod passthrough;
 mod request;
 
 use bytes::Bytes;
@@ -12,6 +14,7 @@ use onedoor_config::Backend;
 use serde_json::Value;
 
 pub use events::AnthropicEvents;
+pub use passthrough::{read_answer, PassedEvents};
 
 use super::Unsendable;
 use crate::request::ClientRequest;
