@@ -10,8 +10,7 @@ use crate::tenants::Known;
 use crate::tree::Node;
 use crate::{
     backends, breakers, client_auth, connections, identities, models, realtime, regions, routing,
-    service,
-    telemetry, tenants,
+    service, shutdown, telemetry, tenants,
 };
 
 const SECTIONS: &[&str] = &[
@@ -32,6 +31,7 @@ const SECTIONS: &[&str] = &[
     "client_auth",
     "tenants",
     "telemetry",
+    "shutdown",
 ];
 
 /// Compile the whole tree. Problems go to `p`; when there are any the snapshot is incomplete and
@@ -91,6 +91,7 @@ pub(crate) fn snapshot(
             principals: tenants.principals,
         },
         telemetry: telemetry::telemetry(f.get("telemetry"), p),
+        shutdown: shutdown::shutdown(f.get("shutdown"), p),
     }
 }
 

@@ -18,6 +18,7 @@ mod regions;
 mod routing;
 mod secrets;
 mod service;
+mod shutdown;
 mod summary;
 mod telemetry;
 mod tenants;

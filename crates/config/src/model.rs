@@ -77,6 +77,17 @@ pub struct Snapshot {
     /// JWT callers: the issuers trusted and which tenant's principal a token is.
     pub client_auth: ClientAuth,
     pub telemetry: Telemetry,
+    /// How a stop drains: read when the signal comes, so a reload changes it.
+    pub shutdown: Shutdown,
+}
+
+/// The `shutdown` section: after SIGTERM the listeners go on accepting for `drain_delay` (with
+/// `/readyz` answering 503), then close; requests, streams and realtime sessions under way get
+/// `timeout` more before they are cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shutdown {
+    pub drain_delay: Duration,
+    pub timeout: Duration,
 }
 
 /// A map the gateway reads on every request (an alias by its name, a caller by its key's

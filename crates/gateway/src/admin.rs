@@ -30,6 +30,10 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     if path == "/healthz" {
         return answer(StatusCode::OK, r#"{"status":"ok"}"#.into());
     }
+    // The probes a platform points at the admin port, which answers until the client port is done.
+    if path == "/readyz" {
+        return Box::pin(crate::readiness::answer(&runtime)).await;
+    }
     // The page carries no data: what it shows comes from `/admin/dashboard`, behind the token.
     if let Some(page) = crate::dashboard::asset(request.method(), path) {
         return page;

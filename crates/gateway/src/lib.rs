@@ -39,6 +39,7 @@ mod runtime;
 mod server;
 mod session_token;
 mod stamp;
+mod stopping;
 mod stream;
 mod surface;
 mod telemetry;
@@ -53,6 +54,7 @@ mod wire_damage;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use onedoor_config::{OnStoreError, Problem, Snapshot, StateConfig, StoreKind};
 use onedoor_state::{OnError, RedisConfig, Store};
@@ -66,17 +68,22 @@ use crate::runtime::Runtime;
 pub use crate::idle_poll::configure_from_env as configure_idle_poll;
 pub use crate::lanes::set_housekeeping as set_lane_housekeeping;
 pub use crate::reload::{ReloadError, Summary};
-pub use crate::server::{framing_refusal, SHUTDOWN_GRACE};
+pub use crate::server::framing_refusal;
 
-/// How long shutdown waits for realtime sessions to finish their close handshakes.
-const SESSIONS_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a stop waits for realtime sessions to finish their close handshakes once
+/// `shutdown.timeout` has sent them their close frames.
+const SESSIONS_CLOSE: Duration = Duration::from_secs(5);
 
 /// A running gateway: its bound addresses, and the handles that reload and stop it.
 pub struct Running {
     addr: SocketAddr,
     admin_addr: SocketAddr,
     live: Arc<Live>,
+    /// Raised when the client listener closes: the health probes, the file watch and the
+    /// activity sampler stop.
     shutdown: watch::Sender<bool>,
+    clients: JoinHandle<()>,
+    admins: JoinHandle<()>,
     tasks: Vec<JoinHandle<()>>,
     /// Kept until realtime sessions have closed: they run on the lanes, and the client listener,
     /// which holds the lanes too, ends as soon as no HTTP connection is open.
@@ -108,27 +115,51 @@ impl Running {
         self.live.reload().await
     }
 
-    /// Stops accepting at once, lets requests under way (open streams included) finish for up to
-    /// [`SHUTDOWN_GRACE`], stops the health probes and the file watch, writes out the usage
-    /// records still buffered (to the store, or to the journal the next start replays), and
-    /// returns when all is done.
+    /// Stops as a load balancer or Kubernetes expects (what SIGTERM does): `/readyz` answers
+    /// 503 at once while the listeners go on accepting for `shutdown.drain_delay`, each HTTP/1.1
+    /// answer saying `connection: close` and each h2 connection getting GOAWAY; then as
+    /// [`Running::shutdown`]. The settings are the running config's when this is called.
+    pub async fn drain_and_shutdown(self) {
+        let settings = self.live.current().snapshot.shutdown;
+        self.stop(settings.drain_delay).await;
+    }
+
+    /// Stops without a drain delay: the client listener closes at once; requests under way
+    /// (open streams included) and realtime sessions get `shutdown.timeout`, then are cut
+    /// (sessions with a 1001 close); then the health probes and the file watch stop, the usage
+    /// records still buffered are written out (to the store, or to the journal the next start
+    /// replays), and it returns when all is done.
     pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
-        // Realtime sessions are not requests under way: each gets a 1001 close at once.
-        let sessions = self.live.current().sessions.clone();
-        sessions.close_all();
-        for task in self.tasks {
-            let _ = task.await;
-        }
-        if !sessions.drained(SESSIONS_CLOSE).await {
-            tracing::warn!(
-                open = sessions.open(),
-                "realtime sessions still open after their close frames; dropping them"
+        self.stop(Duration::ZERO).await;
+    }
+
+    async fn stop(self, drain_delay: Duration) {
+        let runtime = self.live.current();
+        let stopping = runtime.stopping.clone();
+        let timeout = runtime.snapshot.shutdown.timeout;
+        stopping.drain();
+        if !drain_delay.is_zero() {
+            tracing::info!(
+                ?drain_delay,
+                "draining: /readyz answers 503; still accepting"
             );
+            tokio::time::sleep(drain_delay).await;
         }
+        tracing::info!(
+            ?timeout,
+            "the client listener closes; requests under way may finish"
+        );
+        let deadline = tokio::time::Instant::now() + timeout;
+        let _ = self.shutdown.send(true);
+        stopping.close_clients(self.clients, deadline).await;
+        close_sessions(&runtime.sessions, deadline).await;
         // The sessions ran on the lanes; a lane stopped before would have dropped its sessions
         // without their close frames.
         drop(self.lanes);
+        stopping.close_admin(self.admins).await;
+        for task in self.tasks {
+            let _ = task.await;
+        }
         self.live.stop().await;
         if !self.live.current().recorder.close().await {
             tracing::warn!("usage records wait in the journal: the usage store did not take them; the next start replays them");
@@ -137,6 +168,23 @@ impl Running {
             telemetry.close().await;
         }
         crate::access_log::flush();
+    }
+}
+
+/// Lets realtime sessions end on their own until `deadline`, then sends those still open a
+/// 1001 close and waits for the handshakes.
+async fn close_sessions(sessions: &realtime::Sessions, deadline: tokio::time::Instant) {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    if sessions.open() == 0 || sessions.drained(left).await {
+        sessions.close_all();
+        return;
+    }
+    sessions.close_all();
+    if !sessions.drained(SESSIONS_CLOSE).await {
+        tracing::warn!(
+            open = sessions.open(),
+            "realtime sessions still open after their close frames; dropping them"
+        );
     }
 }
 
@@ -208,6 +256,7 @@ fn launch(
     let state = Arc::new(store_for(&snapshot.state));
     let (shutdown, watcher) = watch::channel(false);
     let mut runtime = Runtime::new(Arc::new(snapshot), state);
+    let stopping = runtime.stopping.clone();
     admission::load_vocabularies(&runtime.snapshot);
     runtime.recorder = recording::start(&runtime.snapshot);
     runtime.telemetry = telemetry::start(&runtime.snapshot);
@@ -239,7 +288,7 @@ fn launch(
             }
         }),
         client_limits,
-        watcher.clone(),
+        stopping.client(),
         Some(lanes.clone()),
     ));
     let for_admins = live.clone();
@@ -248,12 +297,12 @@ fn launch(
         move |request| admin::handle(for_admins.clone(), request),
         Arc::new(|_: &http::HeaderMap| admin::MAX_BODY),
         admin::LIMITS,
-        watcher.clone(),
+        stopping.admin(),
         None,
     ));
     let activity = live.current().metrics.activity.clone();
     let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));
-    let mut tasks = vec![clients, admins, sampler];
+    let mut tasks = vec![sampler];
     if let Some(seen) = seen {
         tasks.push(tokio::spawn(reload::watch_file(
             live.clone(),
@@ -266,6 +315,8 @@ fn launch(
         admin_addr,
         live,
         shutdown,
+        clients,
+        admins,
         tasks,
         lanes,
     }

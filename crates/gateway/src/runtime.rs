@@ -52,6 +52,8 @@ pub struct Runtime {
     pub traces: Arc<crate::trace::Traces>,
     /// The span exporter, when `telemetry.otlp` is configured; shared while it is unchanged.
     pub telemetry: Option<Arc<crate::telemetry::Telemetry>>,
+    /// Where the listeners are in a stop; shared by every runtime of the gateway.
+    pub stopping: Arc<crate::stopping::Stopping>,
     /// The JWT issuers' signing keys; shared by every runtime of the gateway.
     pub key_sets: Arc<crate::jwt::KeySets>,
 }
@@ -104,6 +106,7 @@ impl Runtime {
             metrics: Arc::default(),
             traces: Arc::default(),
             telemetry: None,
+            stopping: Arc::default(),
             key_sets: Arc::default(),
         }
     }
@@ -123,6 +126,7 @@ impl Runtime {
         next.metrics = self.metrics.clone();
         next.traces = self.traces.clone();
         next.telemetry = crate::telemetry::carry_over(&self.telemetry, &next.snapshot);
+        next.stopping = self.stopping.clone();
         next.key_sets = self.key_sets.clone();
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&*backend.name) else {

@@ -450,18 +450,59 @@ async fn quiet_sessions_idle_out_and_every_session_ends_at_max_session() {
 }
 
 #[tokio::test]
-async fn shutdown_closes_open_sessions_with_going_away() {
-    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], "")).await;
+async fn shutdown_gives_open_sessions_its_timeout_then_closes_them_with_going_away() {
+    let stop = "shutdown: { timeout: 1s }\n";
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], stop)).await;
     let (mut socket, _) = connect(&h).await;
     event(&mut socket).await;
     let Harness { gateway, fleet, .. } = h;
+    let started = std::time::Instant::now();
     let stopping = tokio::spawn(gateway.shutdown());
     let frame = closed(&mut socket).await;
+    assert!(started.elapsed() >= Duration::from_millis(900));
     assert_eq!(u16::from(frame.code), 1001);
     assert!(frame.reason.as_str().contains("shutting down"), "{frame:?}");
     tokio::time::timeout(Duration::from_secs(15), stopping)
         .await
         .expect("shutdown ends once sessions closed")
+        .unwrap();
+    assert!(eventually(|| fleet.endpoint("rt-se").unwrap().realtime_open() == 0).await);
+}
+
+#[tokio::test]
+async fn a_session_opens_during_the_drain_and_gets_the_timeout_before_its_going_away() {
+    let stop = "shutdown: { drain_delay: 1s, timeout: 1s }\n";
+    let h = Harness::start(vec![realtime("rt-se")], &config(&["rt-se"], stop)).await;
+    let addr = h.gateway.addr();
+    let Harness { gateway, fleet, .. } = h;
+    let started = std::time::Instant::now();
+    let stopping = tokio::spawn(gateway.drain_and_shutdown());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut request = format!("ws://{addr}{AZURE_BETA}")
+        .into_client_request()
+        .unwrap();
+    let headers = request.headers_mut();
+    headers.insert("api-key", HeaderValue::from_static(KEY));
+    headers.insert(
+        "sec-websocket-protocol",
+        HeaderValue::from_static("realtime"),
+    );
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut socket, response) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .expect("the gateway upgrades while it drains");
+    // The 101 keeps its `connection: upgrade`, though answers now say `connection: close`.
+    assert_eq!(response.status().as_u16(), 101);
+    event(&mut socket).await;
+    let frame = closed(&mut socket).await;
+    assert_eq!(u16::from(frame.code), 1001);
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "cut before drain and timeout"
+    );
+    tokio::time::timeout(Duration::from_secs(15), stopping)
+        .await
+        .expect("the stop ends once the session closed")
         .unwrap();
     assert!(eventually(|| fleet.endpoint("rt-se").unwrap().realtime_open() == 0).await);
 }

@@ -167,13 +167,23 @@ async fn serve(config: PathBuf) -> Result<(), Failure> {
             StartError::Listen(error) => Failure::Runtime(format!("cannot listen: {error}")),
         })?;
     tracing::info!(addr = %running.addr(), admin = %running.admin_addr(), config = %config.display(), "onedoor is serving");
+    let signal = tokio::select! {
+        signal = stop_signal() => signal,
+        _ = reload_on_hangup(&running) => Signal::Terminate,
+    };
+    tracing::info!(
+        ?signal,
+        "shutting down: requests under way finish first (a second signal stops at once)"
+    );
+    // SIGTERM is a platform's stop (Kubernetes, systemd): drain first. Ctrl-C is a person's.
+    let stopping = async {
+        match signal {
+            Signal::Terminate => running.drain_and_shutdown().await,
+            Signal::Interrupt => running.shutdown().await,
+        }
+    };
     tokio::select! {
-        _ = stopped() => {}
-        _ = reload_on_hangup(&running) => {}
-    }
-    tracing::info!(grace = ?onedoor_gateway::SHUTDOWN_GRACE, "shutting down: requests under way finish first (a second signal stops at once)");
-    tokio::select! {
-        _ = running.shutdown() => tracing::info!("stopped"),
+        () = stopping => tracing::info!("stopped"),
         _ = stopped() => tracing::warn!("second signal: stopping without waiting for requests under way"),
     }
     Ok(())
@@ -216,8 +226,22 @@ async fn mock(config: PathBuf) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The signal that asked the gateway to stop.
+#[derive(Debug, Clone, Copy)]
+enum Signal {
+    /// Ctrl-C (SIGINT).
+    Interrupt,
+    /// SIGTERM.
+    Terminate,
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 pub async fn stopped() {
+    stop_signal().await;
+}
+
+/// Resolves on Ctrl-C or SIGTERM, saying which.
+async fn stop_signal() -> Signal {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -226,16 +250,17 @@ pub async fn stopped() {
                 Ok(signal) => signal,
                 Err(_) => {
                     let _ = interrupt.await;
-                    return;
+                    return Signal::Interrupt;
                 }
             };
         tokio::select! {
-            _ = interrupt => {}
-            _ = terminate.recv() => {}
+            _ = interrupt => Signal::Interrupt,
+            _ = terminate.recv() => Signal::Terminate,
         }
     }
     #[cfg(not(unix))]
     {
         let _ = interrupt.await;
+        Signal::Interrupt
     }
 }

@@ -85,6 +85,11 @@ impl Watch {
         self.answer_by_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// Whether nothing has been read on the connection yet.
+    pub fn fresh(&self) -> bool {
+        self.phase() == Phase::Fresh
+    }
+
     /// The socket belongs to the protocol the connection switched to.
     pub fn upgraded(&self) {
         self.enter(Phase::Upgraded);

@@ -18,31 +18,42 @@ use tokio::sync::watch;
 use super::guard::{Guarded, Watch};
 use super::intake::Front;
 use crate::body::{Body, RequestBody};
+use crate::stopping::Phase;
 
 /// Request heads (request line and headers) larger than this get 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 128;
 
 /// Serves requests on `stream` until the client closes it, a deadline or an answer ends it, or
-/// shutdown begins (a request under way is answered first, with `connection: close`).
+/// the listener closes (a request under way is answered first). From a drain on, every answer
+/// carries `connection: close`, so the client's next request opens a new connection (to this
+/// gateway while it still accepts, or to another).
 pub async fn serve<H, F>(
     stream: TcpStream,
     front: Arc<Front<H>>,
-    shutdown: &mut watch::Receiver<bool>,
+    phase: &mut watch::Receiver<Phase>,
 ) where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let watch = Watch::new();
     let io = Guarded::new(stream, watch.clone(), front.timeouts);
-    // Only ever raised: a change is shutdown under way, read without the signal's lock.
-    let stopping = shutdown.clone();
+    // Only ever raised: a change is a stop under way, read without the signal's lock. A
+    // connection that begins while draining starts out changed.
+    let mut stopping = phase.clone();
+    if *stopping.borrow() > Phase::Serving {
+        stopping.mark_changed();
+    }
+    let fresh = watch.clone();
     let service = service_fn(move |request: Request<Incoming>| {
         let answer = front.clone().answer(request, Some(watch.clone()));
         let stopping = stopping.clone();
         async move {
             let mut response = answer.await;
-            if stopping.has_changed().unwrap_or(true) {
+            // A realtime handshake's 101 keeps its `connection: upgrade`.
+            if stopping.has_changed().unwrap_or(true)
+                && response.status() != http::StatusCode::SWITCHING_PROTOCOLS
+            {
                 super::intake::close(response.headers_mut());
             }
             Ok::<_, std::convert::Infallible>(response)
@@ -51,7 +62,20 @@ pub async fn serve<H, F>(
     let connection = builder()
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
-    super::until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
+    // hyper's graceful shutdown closes a connection it has read nothing from; one accepted just
+    // before the listener closed may have its first request on the way.
+    let delay = move || match fresh.fresh() {
+        true => super::FIRST_BYTES_AFTER_CLOSE,
+        false => std::time::Duration::ZERO,
+    };
+    super::until_ended(
+        connection,
+        |c| c.graceful_shutdown(),
+        phase,
+        Phase::Closing,
+        delay,
+    )
+    .await;
 }
 
 fn builder() -> http1::Builder {
@@ -93,14 +117,14 @@ mod tests {
 
     /// A gateway listener serving `handler`; a body larger than [`SMALL_BODY`] is read up to 1 MiB
     /// for a request with `x-known: yes`, not at all for others.
-    async fn listen<H, F>(handler: H) -> (SocketAddr, watch::Sender<bool>)
+    async fn listen<H, F>(handler: H) -> (SocketAddr, watch::Sender<Phase>)
     where
         H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
         F: Future<Output = Response<Body>> + Send + 'static,
     {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let (stop, shutdown) = watch::channel(false);
+        let (stop, shutdown) = watch::channel(Phase::Serving);
         tokio::spawn(crate::server::serve(
             listener,
             handler,
@@ -546,7 +570,7 @@ mod tests {
 
     /// A server whose handler answers "finished" once `release` (the third) is raised; the
     /// second stops it.
-    async fn answering_once_released() -> (SocketAddr, watch::Sender<bool>, watch::Sender<bool>) {
+    async fn answering_once_released() -> (SocketAddr, watch::Sender<Phase>, watch::Sender<bool>) {
         let (release, released) = watch::channel(false);
         let (address, stop) = listen(move |_request| {
             let mut released = released.clone();
@@ -568,7 +592,7 @@ mod tests {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        stop.send(true).unwrap();
+        stop.send(Phase::Closing).unwrap();
         assert!(closes(&mut idle).await);
         release.send(true).unwrap();
         let answer = read_until(&mut busy, "finished").await;
@@ -589,7 +613,7 @@ mod tests {
             let answer = read_until(&mut client, "done").await;
             assert!(!answer.contains("connection: close"), "{answer}");
         }
-        stop.send(true).unwrap();
+        stop.send(Phase::Closing).unwrap();
         assert!(closes(&mut client).await);
     }
 
@@ -611,11 +635,63 @@ mod tests {
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        stop.send(true).unwrap();
+        stop.send(Phase::Closing).unwrap();
         release.send(true).unwrap();
         let second = read_until(&mut client, "finished").await;
         assert!(second.contains("connection: close\r\n"), "{second}");
         assert!(closes(&mut client).await);
+    }
+
+    #[tokio::test]
+    async fn a_connection_silent_when_the_listener_closes_gets_a_second_for_its_request() {
+        let (address, stop) = listen(|_request| async { Response::new(full("done")) }).await;
+        let mut late = connect(address).await;
+        let mut silent = connect(address).await;
+        // Within the listener's head deadline here (400 ms).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stop.send(Phase::Closing).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        late.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_until(&mut late, "done").await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.contains("connection: close\r\n"), "{answer}");
+        assert!(closes(&mut silent).await, "a silent connection stayed open");
+    }
+
+    #[tokio::test]
+    async fn while_draining_idle_connections_stay_and_new_ones_are_served_each_answer_closing() {
+        let (address, stop) = listen(|_request| async { Response::new(full("done")) }).await;
+        let mut idle = connect(address).await;
+        idle.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(!read_until(&mut idle, "done")
+            .await
+            .contains("connection: close"));
+        stop.send(Phase::Draining).unwrap();
+        // The idle connection is kept: a request already on its way to it is not lost.
+        assert!(
+            !closes(&mut idle).await,
+            "an idle connection closed while draining"
+        );
+        for client in [&mut idle, &mut connect(address).await] {
+            client
+                .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let answer = read_until(client, "done").await;
+            assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+            assert!(answer.contains("connection: close\r\n"), "{answer}");
+            assert!(closes(client).await);
+        }
+        stop.send(Phase::Closing).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            TcpStream::connect(address).await.is_err(),
+            "still accepting"
+        );
     }
 
     #[tokio::test]

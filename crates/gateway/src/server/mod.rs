@@ -1,7 +1,9 @@
 //! Listeners: accept loops serving the client and admin ports, HTTP/1.1 and h2 on hyper's
 //! connections with header and body limits and the client port's deadlines, a cap on open
-//! connections; and graceful shutdown: the listener closes at once, idle keep-alive connections
-//! close, and requests under way (open streams included) finish within [`SHUTDOWN_GRACE`].
+//! connections; and graceful shutdown in the phases of [`crate::stopping`]: while draining the
+//! listener accepts, HTTP/1.1 answers carry `connection: close` and h2 connections get GOAWAY;
+//! then the listener closes, idle keep-alive connections close, and requests under way (open
+//! streams included) finish until the stop cuts them.
 
 mod capacity;
 mod framing;
@@ -18,6 +20,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -30,14 +33,11 @@ use tokio::sync::{watch, Notify};
 
 use crate::body::{Body, RequestBody};
 use crate::lanes::{Lanes, Serve};
+use crate::stopping::{reached, Phase};
 pub use capacity::{connection_cap, raise_descriptor_limit};
 pub use framing::refusal as framing_refusal;
 pub use intake::{AnswerBy, BodyLimit, Front, SMALL_BODY};
 pub use upgrade::OnUpgrade;
-
-/// How long shutdown waits for requests under way, streams included; connections still open
-/// after it are closed. Not configurable: it bounds how long a stop may take, whatever routing says.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// How a listener's connections are held: its cap on open connections and the deadlines of each.
 #[derive(Debug, Clone, Copy)]
@@ -55,15 +55,16 @@ fn h2_builder() -> Builder<TokioExecutor> {
     builder
 }
 
-/// Serves `listener` with `handler` until `shutdown` flips, then lets open connections finish.
-/// With `lanes`, each connection is served on a lane (see [`crate::lanes`]); without, here.
-/// Past `limits.max_connections` open connections, a new one is answered 503 and closed.
+/// Serves `listener` with `handler` until `phase` reaches [`Phase::Closing`], then lets open
+/// connections finish until it reaches [`Phase::Aborting`]. With `lanes`, each connection is
+/// served on a lane (see [`crate::lanes`]); without, here. Past `limits.max_connections` open
+/// connections, a new one is answered 503 and closed.
 pub async fn serve<H, F>(
     listener: TcpListener,
     handler: H,
     limit: BodyLimit,
     limits: Limits,
-    mut shutdown: watch::Receiver<bool>,
+    mut phase: watch::Receiver<Phase>,
     lanes: Option<Arc<Lanes>>,
 ) where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
@@ -75,43 +76,44 @@ pub async fn serve<H, F>(
         limit,
         timeouts: limits.timeouts,
     });
-    let serve = serve_with(front, &open, &shutdown);
+    let serve = serve_with(front, &open, &phase);
     let mut failures = AcceptFailures::default();
+    let take = |stream: TcpStream| {
+        if open.count() >= limits.max_connections {
+            tokio::spawn(capacity::refuse(stream, limits.max_connections));
+            return;
+        }
+        let _ = stream.set_nodelay(true);
+        let stream = match &lanes {
+            Some(lanes) => match lanes.hand_over(stream, &serve) {
+                Ok(()) => return,
+                Err(stream) => stream,
+            },
+            None => stream,
+        };
+        tokio::spawn(serve(stream));
+    };
     loop {
         tokio::select! {
             biased;
-            _ = shutdown.changed() => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        failures.log(&error);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                if open.count() >= limits.max_connections {
-                    tokio::spawn(capacity::refuse(stream, limits.max_connections));
-                    continue;
+            () = reached(&mut phase, Phase::Closing) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => take(stream),
+                Err(error) => {
+                    failures.log(&error);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                let _ = stream.set_nodelay(true);
-                let stream = match &lanes {
-                    Some(lanes) => match lanes.hand_over(stream, &serve) {
-                        Ok(()) => continue,
-                        Err(stream) => stream,
-                    },
-                    None => stream,
-                };
-                tokio::spawn(serve(stream));
-            }
+            },
         }
     }
+    // Connections the kernel has already completed are served, not reset with the listener.
+    while let Some(Ok((stream, _))) = listener.accept().now_or_never() {
+        take(stream);
+    }
     drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, open.drained())
-        .await
-        .is_err()
-    {
-        tracing::warn!("shutdown: connections still open after {SHUTDOWN_GRACE:?}, closing them");
+    tokio::select! {
+        () = open.drained() => {}
+        () = reached(&mut phase, Phase::Aborting) => {}
     }
     open.abort();
 }
@@ -142,21 +144,17 @@ impl AcceptFailures {
 
 /// How a socket of this listener is served, wherever it runs: as a counted connection that
 /// ends early when [`Open::abort`] is called.
-fn serve_with<H, F>(
-    front: Arc<Front<H>>,
-    open: &Arc<Open>,
-    shutdown: &watch::Receiver<bool>,
-) -> Serve
+fn serve_with<H, F>(front: Arc<Front<H>>, open: &Arc<Open>, phase: &watch::Receiver<Phase>) -> Serve
 where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let open = open.clone();
-    let shutdown = shutdown.clone();
+    let phase = phase.clone();
     Arc::new(move |stream| {
         let counted = open.enter();
         let mut aborted = open.aborted.subscribe();
-        let served = connection(stream, front.clone(), shutdown.clone());
+        let served = connection(stream, front.clone(), phase.clone());
         Box::pin(async move {
             let signal = aborted.clone();
             let wait = pin!(stopped(&mut aborted));
@@ -228,21 +226,21 @@ impl Drop for Counted {
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Serves one accepted socket once its first bytes are there: HTTP/1.1 or h2, both on hyper.
-/// Shutdown closes it while it waits.
+/// The listener's close closes it while it waits.
 async fn connection<H, F>(
     stream: TcpStream,
     front: Arc<Front<H>>,
-    mut shutdown: watch::Receiver<bool>,
+    mut phase: watch::Receiver<Phase>,
 ) where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let first = tokio::time::timeout(front.timeouts.head, speaks_h2(&stream, &mut shutdown));
+    let first = tokio::time::timeout(front.timeouts.head, speaks_h2(&stream, &mut phase));
     match first.await.ok().flatten() {
         None => {}
-        Some(false) => http1::serve(stream, front, &mut shutdown).await,
+        Some(false) => http1::serve(stream, front, &mut phase).await,
         // Boxed: hyper's h2 connection is kilobytes that HTTP/1.1 connections need not carry.
-        Some(true) => Box::pin(h2(stream, front, &mut shutdown)).await,
+        Some(true) => Box::pin(h2(stream, front, &mut phase)).await,
     }
 }
 
@@ -250,16 +248,25 @@ async fn connection<H, F>(
 /// the h2 preface's `PRI`) may take to send enough to tell them apart.
 const PREFACE_WAIT: Duration = Duration::from_secs(10);
 
-/// Whether the client's first bytes are the h2 preface; `None` when it closed, shutdown began,
-/// or it sent too little to tell within [`PREFACE_WAIT`]. Read with `peek`, so the bytes stay
-/// for whichever protocol serves them.
-async fn speaks_h2(stream: &TcpStream, shutdown: &mut watch::Receiver<bool>) -> Option<bool> {
+/// How long a connection accepted before the listener closed may still take to send its first
+/// bytes once it has: they may be on their way.
+pub(super) const FIRST_BYTES_AFTER_CLOSE: Duration = Duration::from_secs(1);
+
+/// Whether the client's first bytes are the h2 preface; `None` when it closed, sent nothing
+/// within [`FIRST_BYTES_AFTER_CLOSE`] of the listener's close, or sent too little to tell within
+/// [`PREFACE_WAIT`]. Read with `peek`, so the bytes stay for whichever protocol serves them.
+async fn speaks_h2(stream: &TcpStream, phase: &mut watch::Receiver<Phase>) -> Option<bool> {
     let give_up = tokio::time::Instant::now() + PREFACE_WAIT;
     let mut head = [0u8; H2_PREFACE.len()];
+    let late = async {
+        reached(phase, Phase::Closing).await;
+        tokio::time::sleep(FIRST_BYTES_AFTER_CLOSE).await;
+    };
+    tokio::pin!(late);
     loop {
         let seen = tokio::select! {
             biased;
-            _ = shutdown.wait_for(|stop| *stop) => return None,
+            () = &mut late => return None,
             seen = stream.peek(&mut head) => match seen {
                 Ok(0) | Err(_) => return None,
                 Ok(seen) => seen,
@@ -281,8 +288,9 @@ async fn speaks_h2(stream: &TcpStream, shutdown: &mut watch::Receiver<bool>) -> 
     }
 }
 
-/// Serves an h2 connection with hyper.
-async fn h2<H, F>(stream: TcpStream, front: Arc<Front<H>>, shutdown: &mut watch::Receiver<bool>)
+/// Serves an h2 connection with hyper; a drain sends GOAWAY, so the client opens its next
+/// streams on a new connection (to this gateway while it still accepts, or another).
+async fn h2<H, F>(stream: TcpStream, front: Arc<Front<H>>, phase: &mut watch::Receiver<Phase>)
 where
     H: Fn(Request<RequestBody>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -294,26 +302,43 @@ where
     let connection = h2_builder()
         .serve_connection_with_upgrades(TokioIo::new(stream), service)
         .into_owned();
-    until_ended(connection, |c| c.graceful_shutdown(), shutdown).await;
+    let now = || Duration::ZERO;
+    until_ended(
+        connection,
+        |c| c.graceful_shutdown(),
+        phase,
+        Phase::Draining,
+        now,
+    )
+    .await;
 }
 
-/// Serves `connection` to its end; once shutdown begins, lets it finish gracefully.
+/// Serves `connection` to its end; once `phase` reaches `at`, and `delay` (asked then) has
+/// passed, lets it finish gracefully.
 async fn until_ended<C, E>(
     connection: C,
     graceful_shutdown: impl FnOnce(Pin<&mut C>),
-    shutdown: &mut watch::Receiver<bool>,
+    phase: &mut watch::Receiver<Phase>,
+    at: Phase,
+    delay: impl FnOnce() -> Duration,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
     tokio::pin!(connection);
-    let signal = shutdown.clone();
-    let wait = pin!(stopped(shutdown));
+    let signal = phase.clone();
+    let wait = pin!(reached(phase, at));
     let ended = tokio::select! {
         ended = connection.as_mut() => ended,
         () = Raised::new(&signal, wait) => {
-            graceful_shutdown(connection.as_mut());
-            connection.await
+            let delay = delay();
+            tokio::select! {
+                ended = connection.as_mut() => ended,
+                () = tokio::time::sleep(delay) => {
+                    graceful_shutdown(connection.as_mut());
+                    connection.await
+                }
+            }
         }
     };
     if let Err(error) = ended {
@@ -321,19 +346,20 @@ async fn until_ended<C, E>(
     }
 }
 
-/// A wait for a watch signal to be raised (`true`, once) that takes the signal's lock once. A
-/// registered wait for a watch takes its lock at every poll, and a connection's task is polled a
-/// few times a request, with the same signal for every connection of both lanes; so `wait` is
-/// polled first to register, and later only once `signal`'s version (an atomic load) moved.
-struct Raised<'a, F> {
+/// A wait for a watch signal to be raised (a flag set once, or a stop moving to its next phase)
+/// that takes the signal's lock only once it moved. A registered wait for a watch takes its lock
+/// at every poll, and a connection's task is polled a few times a request, with the same signal
+/// for every connection of both lanes; so `wait` is polled first to register, and later only
+/// once `signal`'s version (an atomic load) moved.
+struct Raised<'a, T, F> {
     /// A receiver of the signal `wait` waits on, which has seen its value as `wait` first did.
-    signal: &'a watch::Receiver<bool>,
+    signal: &'a watch::Receiver<T>,
     wait: Pin<&'a mut F>,
     registered: bool,
 }
 
-impl<'a, F: Future<Output = ()>> Raised<'a, F> {
-    fn new(signal: &'a watch::Receiver<bool>, wait: Pin<&'a mut F>) -> Self {
+impl<'a, T, F: Future<Output = ()>> Raised<'a, T, F> {
+    fn new(signal: &'a watch::Receiver<T>, wait: Pin<&'a mut F>) -> Self {
         Raised {
             signal,
             wait,
@@ -347,7 +373,7 @@ impl<'a, F: Future<Output = ()>> Raised<'a, F> {
     }
 }
 
-impl<F: Future<Output = ()>> Future for Raised<'_, F> {
+impl<T, F: Future<Output = ()>> Future for Raised<'_, T, F> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -359,7 +385,7 @@ impl<F: Future<Output = ()>> Future for Raised<'_, F> {
     }
 }
 
-/// Resolves once the signal is raised, shutdown or abort (or its sender is gone).
+/// Resolves once the signal is raised, an abort (or its sender is gone).
 async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
@@ -379,7 +405,10 @@ mod tests {
     use crate::stamp::Stamp;
 
     /// Whether `raised` ends within `millis` milliseconds.
-    async fn ends_within(raised: &mut Raised<'_, impl Future<Output = ()>>, millis: u64) -> bool {
+    async fn ends_within(
+        raised: &mut Raised<'_, bool, impl Future<Output = ()>>,
+        millis: u64,
+    ) -> bool {
         tokio::time::timeout(Duration::from_millis(millis), raised)
             .await
             .is_ok()
@@ -422,10 +451,10 @@ mod tests {
     }
 
     /// A server of [`path_of`], and the sender that stops it.
-    async fn listening() -> (SocketAddr, watch::Sender<bool>) {
+    async fn listening() -> (SocketAddr, watch::Sender<Phase>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (stop, shutdown) = watch::channel(false);
+        let (stop, shutdown) = watch::channel(Phase::Serving);
         let limit: BodyLimit = Arc::new(|_: &http::HeaderMap| 1024);
         let limits = Limits {
             max_connections: 64,
@@ -455,9 +484,33 @@ mod tests {
             assert_eq!(&body[..], b"/over/h2");
         }
         // Shutdown ends the idle connection gracefully: the client's side of it ends too.
-        stop.send(true).unwrap();
+        stop.send(Phase::Closing).unwrap();
         let ended = tokio::time::timeout(Duration::from_secs(2), connection).await;
         assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+    }
+
+    #[tokio::test]
+    async fn a_drain_sends_h2_connections_goaway_while_new_ones_are_still_served() {
+        let (addr, stop) = listening().await;
+        let handshake = || async {
+            let stream = TcpStream::connect(addr).await.unwrap();
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .unwrap()
+        };
+        let (_first, connection) = handshake().await;
+        let connection = tokio::spawn(connection);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stop.send(Phase::Draining).unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(2), connection).await;
+        assert!(matches!(ended, Ok(Ok(Ok(())))), "{ended:?}");
+        let (mut sender, connection) = handshake().await;
+        tokio::spawn(connection);
+        let request = Request::get(format!("http://{addr}/while/draining"))
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.headers()["x-onedoor-path"], "/while/draining");
     }
 
     #[tokio::test]
