@@ -229,7 +229,7 @@ fn version(
 }
 
 /// An http(s) base URL without its trailing slash. Never quoted back: it may carry credentials.
-fn url(node: &Node, p: &mut Problems) -> Option<String> {
+pub(crate) fn url(node: &Node, p: &mut Problems) -> Option<String> {
     let url = read::str(node, p)?.trim();
     let rest = url
         .strip_prefix("https://")

@@ -185,7 +185,7 @@ fn managed_endpoint(
     p: &mut Problems,
 ) -> Option<ManagedEndpoint> {
     if let Some(node) = node {
-        let url = http_url(node, p)?;
+        let url = crate::backends::url(node, p)?;
         return Some(ManagedEndpoint::Imds { url });
     }
     let set = |name: &str| env(name).filter(|v| !v.trim().is_empty());
@@ -210,7 +210,7 @@ fn authority(
     p: &mut Problems,
 ) -> Option<String> {
     let (url, mark) = match node {
-        Some(node) => (http_url(node, p)?, node.mark),
+        Some(node) => (crate::backends::url(node, p)?, node.mark),
         None => match env("AZURE_AUTHORITY_HOST").filter(|v| !v.trim().is_empty()) {
             Some(host) => (host.trim().trim_end_matches('/').to_owned(), mark),
             None => (PUBLIC_AUTHORITY.to_owned(), mark),
@@ -236,26 +236,6 @@ fn is_loopback_http(url: &str) -> bool {
         _ => host,
     };
     matches!(host, "localhost" | "[::1]") || host.starts_with("127.")
-}
-
-/// An http(s) URL without its trailing slash.
-fn http_url(node: &Node, p: &mut Problems) -> Option<String> {
-    let url = read::str(node, p)?.trim();
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"));
-    match rest {
-        Some(host) if !host.trim_end_matches('/').is_empty() => {
-            Some(url.trim_end_matches('/').to_owned())
-        }
-        _ => {
-            p.at(
-                node.mark,
-                "expected a URL starting with http:// or https://",
-            );
-            None
-        }
-    }
 }
 
 #[cfg(test)]

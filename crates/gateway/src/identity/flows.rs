@@ -65,7 +65,7 @@ async fn send(client: &TokenClient, request: Request<Full<Bytes>>) -> Result<Byt
     let response = client
         .request(request)
         .await
-        .map_err(|e| FetchError::Unreachable(describe(&e)))?;
+        .map_err(|e| FetchError::Unreachable(crate::upstream::describe(&e)))?;
     let status = response.status();
     let body = Limited::new(response.into_body(), MAX_ANSWER)
         .collect()
@@ -253,17 +253,6 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-fn describe(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -172,7 +172,7 @@ pub async fn send(
 }
 
 /// The error and its causes in one line, for logs.
-fn describe(error: &dyn std::error::Error) -> String {
+pub(crate) fn describe(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
