@@ -14,6 +14,7 @@ mod models;
 mod problems;
 mod read;
 mod realtime;
+mod redis_url;
 mod regions;
 mod routing;
 mod secrets;
@@ -28,6 +29,7 @@ mod tree;
 mod values;
 
 pub use model::*;
+pub use redis_url::{BadRedisUrl, RedisAddress, Topology};
 
 use std::path::Path;
 use std::time::Duration;

@@ -168,7 +168,11 @@ pub enum OnStoreError {
 #[derive(Debug, Clone)]
 pub struct StateConfig {
     pub store: StoreKind,
+    /// As written; its form is checked ([`crate::RedisAddress`]).
     pub redis_url: Option<String>,
+    /// PEM file of the CA(s) that signed the Redis servers' certificates, for `rediss` URLs;
+    /// `None`: the system's roots.
+    pub redis_ca_file: Option<PathBuf>,
     pub on_store_error: OnStoreError,
     /// Every Redis key starts with `{<key_prefix>:`, so gateways (or test runs) that share one
     /// Redis but not their limits stay apart. Default `onedoor`.

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use crate::model::{Admin, OnStoreError, StateConfig, StoreKind, UsageConfig};
 use crate::problems::Problems;
 use crate::read::{self, Fields};
+use crate::redis_url::RedisAddress;
 use crate::tree::Node;
 
 pub(crate) const DEFAULT_LISTEN: ([u8; 4], u16) = ([0, 0, 0, 0], 8080);
@@ -57,7 +58,13 @@ pub(crate) fn admin(node: Option<&Node>, client: SocketAddr, p: &mut Problems) -
 pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
     let f = Fields::open(
         node,
-        &["store", "redis_url", "on_store_error", "key_prefix"],
+        &[
+            "store",
+            "redis_url",
+            "redis_ca_file",
+            "on_store_error",
+            "key_prefix",
+        ],
         p,
     );
     let store_node = f.get("store");
@@ -68,17 +75,22 @@ pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
             p,
         )
     });
-    let redis_url = f.get("redis_url").and_then(|n| {
+    let redis_address = f.get("redis_url").and_then(|n| {
         let url = read::str(n, p)?;
-        if url.starts_with("redis://") || url.starts_with("rediss://") {
-            Some(url.to_owned())
-        } else {
-            p.at(
-                n.mark,
-                "expected a URL like redis://HOST:6379/0 (or rediss:// for TLS)",
-            );
-            None
+        match RedisAddress::parse(url) {
+            Ok(address) => Some((url.to_owned(), address)),
+            Err(why) => {
+                p.at(n.mark, why.0);
+                None
+            }
         }
+    });
+    let redis_ca_file = f.get("redis_ca_file").and_then(|n| {
+        let path = read::str(n, p)?;
+        if redis_address.as_ref().is_some_and(|(_, a)| !a.tls) {
+            p.at(n.mark, "redis_ca_file is for a rediss:// URL (TLS)");
+        }
+        Some(PathBuf::from(path))
     });
     if let (Some(StoreKind::Redis), Some(n)) = (store, store_node) {
         if !f.has("redis_url") {
@@ -94,7 +106,8 @@ pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
     });
     StateConfig {
         store: store.unwrap_or(StoreKind::Memory),
-        redis_url,
+        redis_url: redis_address.map(|(url, _)| url),
+        redis_ca_file,
         on_store_error: on_store_error.unwrap_or(OnStoreError::FailOpen),
         key_prefix: f
             .get("key_prefix")
@@ -204,6 +217,25 @@ mod tests {
         assert_eq!(
             problems("state: { store: disk }\n"),
             ["1:17: expected one of memory, redis, found \"disk\""]
+        );
+    }
+
+    #[test]
+    fn a_malformed_redis_url_is_located_and_a_ca_file_needs_tls() {
+        assert_eq!(
+            problems("state:\n  store: redis\n  redis_url: \"redis+cluster://:pw@h:1/2\"\n"),
+            ["3:14: a Redis Cluster has database 0 only"]
+        );
+        assert_eq!(
+            problems("state: { redis_url: redis://h:6379/0, redis_ca_file: ca.pem }\n"),
+            ["1:54: redis_ca_file is for a rediss:// URL (TLS)"]
+        );
+        let s = compile(
+            "state: { redis_url: \"rediss+sentinel://s:26379/cache\", redis_ca_file: /etc/ca.pem }",
+        );
+        assert_eq!(
+            s.state.redis_ca_file,
+            Some(std::path::PathBuf::from("/etc/ca.pem"))
         );
     }
 

@@ -328,6 +328,7 @@ fn store_for(state: &StateConfig) -> Store {
     match (state.store, &state.redis_url) {
         (StoreKind::Redis, Some(url)) => Store::redis(&RedisConfig {
             url: url.clone(),
+            ca_file: state.redis_ca_file.clone(),
             key_prefix: state.key_prefix.clone(),
             on_error: match state.on_store_error {
                 OnStoreError::FailOpen => OnError::FailOpen,

@@ -25,6 +25,7 @@ pub async fn answer(runtime: &Runtime) -> Response<Body> {
             "mode": health.mode,
             "errors": health.errors,
             "outages": health.outages,
+            "problem": health.problem,
         },
     });
     let mut response = Response::new(full(Bytes::from(body.to_string())));

@@ -11,6 +11,7 @@ mod breaker;
 mod memory;
 mod meter;
 mod redis;
+mod redis_link;
 mod store;
 
 use std::future::Future;

@@ -5,17 +5,18 @@
 //! (each instance enforcing the limits on its own) and `fail_closed` refuses decisions.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::breaker::{Backoff, BreakerPhase, BreakerRecord, Claim};
 use crate::meter::{
     Ask, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, Verdict,
 };
+use crate::redis_link::{Link, LinkSettings};
 use crate::{
     now_ms, BackendView, Entry, Exclusion, MemoryState, RoutingQuery, RoutingView, State,
     TargetKey, TargetView, Unavailable,
@@ -38,7 +39,10 @@ pub enum OnError {
 
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
+    /// Any form [`onedoor_config::RedisAddress`] reads: one server, a Cluster, a Sentinel.
     pub url: String,
+    /// PEM CA certificates for a `rediss` URL; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
     /// Keys start with `{<key_prefix>:`.
     pub key_prefix: String,
     pub on_error: OnError,
@@ -163,7 +167,7 @@ fn evalsha(script: &Script, keys: usize) -> Cmd {
 /// Redis does not hold yet (after a restart or a `SCRIPT FLUSH`) is loaded and only that call
 /// is sent again: a call that ran is never repeated.
 async fn pipelined<const N: usize>(
-    connection: &mut ConnectionManager,
+    connection: &mut Link,
     calls: [(&Script, Cmd); N],
 ) -> RedisResult<[Vec<i64>; N]> {
     let mut pipe = redis::pipe();
@@ -236,8 +240,7 @@ fn record(values: &[i64]) -> BreakerRecord {
 }
 
 pub struct RedisState {
-    /// `None` when the URL could not even be parsed: every call takes the fallback.
-    connection: Option<ConnectionManager>,
+    connection: Link,
     keys: Keys,
     on_error: OnError,
     local: MemoryState,
@@ -253,21 +256,14 @@ impl RedisState {
     /// A store for `config`. It connects lazily and reconnects by itself, so a Redis that is
     /// down at start or goes down later is an outage, never a startup failure.
     pub fn new(config: &RedisConfig) -> Self {
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CALL_TIMEOUT))
-            .set_response_timeout(Some(CALL_TIMEOUT))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let connection = redis::Client::open(config.url.as_str())
-            .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config));
-        let connection = match connection {
-            Ok(connection) => Some(connection),
-            Err(error) => {
-                tracing::error!(%error, "the state store URL cannot be used; every decision takes the on_store_error path");
-                None
-            }
-        };
+        let connection = Link::open(&LinkSettings {
+            url: &config.url,
+            ca_file: config.ca_file.as_deref(),
+            timeout: CALL_TIMEOUT,
+        });
+        if let Some(problem) = connection.problem() {
+            tracing::error!(error = %problem, "every decision takes the on_store_error path");
+        }
         RedisState {
             connection,
             keys: Keys::new(&config.key_prefix),
@@ -294,6 +290,11 @@ impl RedisState {
         self.outages.load(Ordering::Relaxed)
     }
 
+    /// Why the last call failed, as Redis or the connection said it, until one succeeds.
+    pub fn problem(&self) -> Option<String> {
+        self.connection.problem()
+    }
+
     /// Whether the last call reached Redis.
     pub fn reachable(&self) -> bool {
         !self.down.load(Ordering::Relaxed)
@@ -310,13 +311,13 @@ impl RedisState {
     /// Runs `remote` against Redis unless an outage is under way; `None` means take the fallback.
     async fn call<T, F, Fut>(&self, remote: F) -> Option<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Link) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         if now_ms() < self.skip_until_ms.load(Ordering::Relaxed) {
             return None;
         }
-        let connection = self.connection.clone()?;
+        let connection = self.connection.clone();
         let outcome = tokio::time::timeout(CALL_TIMEOUT, remote(connection)).await;
         match outcome {
             Ok(Ok(value)) => {
@@ -444,6 +445,25 @@ impl RedisState {
             }
         }
         (keys, args)
+    }
+
+    /// The usage of `meters`, all under one hash tag, each paired with its meter.
+    async fn usage_of<'a>(
+        &self,
+        meters: Vec<&'a MeterKey>,
+    ) -> Option<Vec<(&'a MeterKey, MeterUsage)>> {
+        let keys: Vec<String> = self.keys.meters(meters.iter().copied()).collect();
+        let values: Vec<i64> = self
+            .call(|mut c| async move {
+                let mut invocation = SCRIPTS.usage.prepare_invoke();
+                for key in keys {
+                    invocation.key(key);
+                }
+                invocation.invoke_async(&mut c).await
+            })
+            .await?;
+        let usage = usage_at(&values, 0, meters.len());
+        Some(meters.into_iter().zip(usage).collect())
     }
 
     /// The admission script's call for `ask`, as [`State::admit`] sends it.
@@ -691,22 +711,32 @@ impl State for RedisState {
         }
     }
 
+    /// One script call per hash tag (a Cluster runs a script on the keys of one slot only), all
+    /// at once; the answers come back in the order of `meters`.
     async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {
-        let values: Option<Vec<i64>> = self
-            .call(|mut c| async move {
-                let mut invocation = SCRIPTS.usage.prepare_invoke();
-                for key in self.keys.meters(meters) {
-                    invocation.key(key);
-                }
-                invocation.invoke_async(&mut c).await
+        let mut tags: Vec<&str> = meters.iter().map(|m| m.tag.as_str()).collect();
+        tags.sort_unstable();
+        tags.dedup();
+        let reads = tags.iter().map(|tag| {
+            let group: Vec<&MeterKey> = meters.iter().filter(|m| m.tag == *tag).collect();
+            self.usage_of(group)
+        });
+        let groups = futures_util::future::join_all(reads).await;
+        let Some(groups) = groups.into_iter().collect::<Option<Vec<_>>>() else {
+            return self.fallback(|local| local.usage_now(meters));
+        };
+        let mut found: Vec<(&MeterKey, MeterUsage)> = groups.into_iter().flatten().collect();
+        Ok(meters
+            .iter()
+            .map(|meter| {
+                found
+                    .iter()
+                    .position(|(m, _)| *m == meter)
+                    .map(|at| found.swap_remove(at).1)
+                    .unwrap_or_default()
             })
-            .await;
-        match values {
-            Some(values) => Ok(usage_at(&values, 0, meters.len())),
-            None => self.fallback(|local| local.usage_now(meters)),
-        }
+            .collect())
     }
-
     async fn trip(&self, id: &str, wait_ms: u64) -> BreakerRecord {
         match self.breaker_op(id, "trip", &[wait_ms as f64]).await {
             Some(values) => record(&values),

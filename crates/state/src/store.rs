@@ -32,7 +32,7 @@ pub enum Detached {
 }
 
 /// How the store stands, for `/readyz` and operators.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
     /// `memory` or `redis`.
     pub store: &'static str,
@@ -45,6 +45,8 @@ pub struct Health {
     /// Store calls that failed since start; the observability metric reads this.
     pub errors: u64,
     pub outages: u64,
+    /// Why the store is unreachable, as Redis or the connection said it (never a password).
+    pub problem: Option<String>,
 }
 
 impl Store {
@@ -71,6 +73,7 @@ impl Store {
                 mode: "local",
                 errors: 0,
                 outages: 0,
+                problem: None,
             },
             Store::Redis(redis) => {
                 let reachable = redis.ping().await;
@@ -86,6 +89,7 @@ impl Store {
                     },
                     errors: redis.errors(),
                     outages: redis.outages(),
+                    problem: redis.problem().filter(|_| !reachable),
                 }
             }
         }

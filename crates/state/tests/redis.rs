@@ -28,6 +28,7 @@ async fn redis(test: &str) -> RedisState {
         .as_nanos();
     let store = RedisState::new(&RedisConfig {
         url: format!("redis://{REDIS}/0"),
+        ca_file: None,
         key_prefix: format!("test-{test}-{}-{nanos}", std::process::id()),
         on_error: OnError::FailClosed,
     });
