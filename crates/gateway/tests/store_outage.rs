@@ -10,80 +10,14 @@
 
 mod common;
 mod instances;
+mod own_redis;
 
-use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use instances::*;
-
-/// A `redis-server` of this test's own on `port`, stopped when dropped.
-struct OwnRedis {
-    child: Option<Child>,
-    port: u16,
-}
-
-fn answers_ping(port: u16) -> bool {
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
-}
-
-impl OwnRedis {
-    fn start(port: u16) -> OwnRedis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run redis-server ({e}); install it with: apt-get install -y redis-server")
-            });
-        let redis = OwnRedis {
-            child: Some(child),
-            port,
-        };
-        for _ in 0..250 {
-            if answers_ping(port) {
-                return redis;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server on port {port} did not answer PING within 5 s");
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        assert!(
-            !answers_ping(self.port),
-            "redis-server still answers after kill"
-        );
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use own_redis::*;
 
 fn config(redis: &OwnRedis, on_error: &str, limits: &str) -> String {
     format!(
@@ -133,7 +67,7 @@ async fn fail_open_serves_with_local_limits_while_redis_is_down_and_shares_again
         assert!(ready["state"]["outages"].as_u64().unwrap() >= 1);
     }
 
-    let _redis = OwnRedis::start(redis.port);
+    redis.start_again();
     for gateway in &gateways {
         let back = until(Duration::from_secs(10), || async {
             readiness(&h, gateway).await.1["state"]["mode"] == "shared"
@@ -171,7 +105,7 @@ async fn fail_closed_answers_503_state_unavailable_while_redis_is_down_and_serve
         "nothing reached the upstream"
     );
 
-    let _redis = OwnRedis::start(redis.port);
+    redis.start_again();
     let back = until(Duration::from_secs(10), || async {
         readiness(&h, &h.gateway).await.0 == 200
     })

@@ -1,0 +1,388 @@
+//! `redis-server` processes of a test's own (the machine's Redis is left alone): one server, a
+//! TLS server with an ACL user, a three-master Cluster, a master with a replica and a Sentinel,
+//! each on free loopback ports with its files in a temporary directory, stopped when dropped.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::common::free_port;
+
+const INSTALL: &str = "install it with: apt-get install -y redis-server redis-tools";
+
+/// A directory of this process's own under the system's temporary one, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("onedoor-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    pub fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One `redis-server` started with `args` from `dir`, answering on `port`.
+pub struct OwnRedis {
+    child: Option<Child>,
+    pub port: u16,
+    args: Vec<String>,
+    dir: PathBuf,
+}
+
+pub fn answers_ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+fn listens(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// Polls `check` every 20 ms for up to `within`.
+pub fn wait_for(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if check() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(check(), "{what} within {within:?}");
+}
+
+impl OwnRedis {
+    /// A plain server on `port` that keeps nothing on disk.
+    pub fn start(port: u16) -> OwnRedis {
+        let args = vec![
+            "--port".to_owned(),
+            port.to_string(),
+            "--bind".to_owned(),
+            "127.0.0.1".to_owned(),
+        ];
+        OwnRedis::spawn(&std::env::temp_dir(), args, port, answers_ping)
+    }
+
+    /// A server on `dir` with `args` (besides no persistence); ready once `ready(port)`.
+    pub fn spawn(dir: &Path, args: Vec<String>, port: u16, ready: fn(u16) -> bool) -> OwnRedis {
+        let mut redis = OwnRedis {
+            child: None,
+            port,
+            args,
+            dir: dir.to_owned(),
+        };
+        redis.run(ready);
+        redis
+    }
+
+    fn run(&mut self, ready: fn(u16) -> bool) {
+        let child = Command::new("redis-server")
+            .current_dir(&self.dir)
+            .args(&self.args)
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run redis-server ({e}); {INSTALL}"));
+        self.child = Some(child);
+        let port = self.port;
+        wait_for(
+            Duration::from_secs(5),
+            &format!("redis-server answers on port {port}"),
+            || ready(port),
+        );
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert!(!listens(self.port), "redis-server still answers after kill");
+    }
+
+    /// Starts it again after [`OwnRedis::stop`], same port and arguments (and, keeping
+    /// nothing, empty).
+    pub fn start_again(&mut self) {
+        self.run(answers_ping);
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// `redis-cli` against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `redis-cli -p PORT ARGS...`, its output (trimmed).
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); {INSTALL}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| (*a).to_owned()).collect()
+}
+
+/// A CA made for the test and a certificate it signed for 127.0.0.1, as PEM files in `dir`.
+pub struct TestCa {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCa {
+    pub fn new(dir: &Scratch) -> TestCa {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let server_key = rcgen::KeyPair::generate().unwrap();
+        let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .unwrap()
+            .signed_by(&server_key, &ca, &ca_key)
+            .unwrap();
+        TestCa {
+            ca: dir.file("ca.pem", &ca.pem()),
+            cert: dir.file("server.pem", &server.pem()),
+            key: dir.file("server.key", &server_key.serialize_pem()),
+        }
+    }
+}
+
+/// A TLS-only server (no plain port) whose ACL user `user` logs in with `password`.
+pub fn tls_server(dir: &Scratch, ca: &TestCa, user: &str, password: &str) -> OwnRedis {
+    let port = free_port();
+    let mut args = strings(&[
+        "--port",
+        "0",
+        "--bind",
+        "127.0.0.1",
+        "--tls-auth-clients",
+        "no",
+    ]);
+    args.extend([
+        "--tls-port".to_owned(),
+        port.to_string(),
+        "--tls-cert-file".to_owned(),
+        ca.cert.display().to_string(),
+        "--tls-key-file".to_owned(),
+        ca.key.display().to_string(),
+        "--tls-ca-cert-file".to_owned(),
+        ca.ca.display().to_string(),
+        "--user".to_owned(),
+        user.to_owned(),
+        "on".to_owned(),
+        format!(">{password}"),
+    ]);
+    args.extend(strings(&["~*", "&*", "+@all"]));
+    OwnRedis::spawn(&dir.0, args, port, listens)
+}
+
+/// Three masters (no replicas) joined by `redis-cli --cluster create`, slots all assigned.
+pub struct OwnCluster {
+    pub nodes: Vec<OwnRedis>,
+    _dir: Scratch,
+}
+
+impl OwnCluster {
+    pub fn start() -> OwnCluster {
+        let dir = Scratch::new("cluster");
+        let nodes: Vec<OwnRedis> = (0..3)
+            .map(|_| free_port())
+            .map(|port| {
+                let node_dir = dir.0.join(port.to_string());
+                std::fs::create_dir_all(&node_dir).unwrap();
+                let args = vec![
+                    "--port".to_owned(),
+                    port.to_string(),
+                    "--bind".to_owned(),
+                    "127.0.0.1".to_owned(),
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-config-file".to_owned(),
+                    "nodes.conf".to_owned(),
+                ];
+                OwnRedis::spawn(&node_dir, args, port, answers_ping)
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut create = vec!["--cluster", "create"];
+        create.extend(addresses.iter().map(String::as_str));
+        create.push("--cluster-yes");
+        let made = cli(nodes[0].port, &create);
+        assert!(made.contains("All 16384 slots covered"), "{made}");
+        for node in &nodes {
+            wait_for(
+                Duration::from_secs(10),
+                "every node sees the cluster ok",
+                || node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"),
+            );
+        }
+        OwnCluster { nodes, _dir: dir }
+    }
+
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The port of the master that holds `key`'s slot.
+    pub fn owner(&self, key: &str) -> u16 {
+        let slot: u16 = self.nodes[0]
+            .cli(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .unwrap();
+        let owner = self.slot_owner_id(slot);
+        self.nodes
+            .iter()
+            .find(|n| n.cli(&["CLUSTER", "MYID"]) == owner)
+            .unwrap()
+            .port
+    }
+
+    fn slot_owner_id(&self, slot: u16) -> String {
+        let nodes = self.nodes[0].cli(&["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let owns = fields
+                .iter()
+                .skip(8)
+                .any(|range| match range.split_once('-') {
+                    Some((a, b)) => {
+                        a.parse::<u16>().is_ok_and(|a| a <= slot)
+                            && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                    }
+                    None => range.parse::<u16>() == Ok(slot),
+                });
+            if owns {
+                return fields[0].to_owned();
+            }
+        }
+        panic!("no node owns slot {slot}:\n{nodes}");
+    }
+
+    /// How many keys matching `pattern` the master on `port` holds itself.
+    pub fn keys_on(&self, port: u16, pattern: &str) -> usize {
+        cli(port, &["--scan", "--pattern", pattern]).lines().count()
+    }
+}
+
+/// A master, its replica and one Sentinel watching them under the name `cache`.
+pub struct OwnSentinel {
+    pub master: OwnRedis,
+    pub replica: OwnRedis,
+    pub sentinel: OwnRedis,
+    _dir: Scratch,
+}
+
+impl OwnSentinel {
+    pub fn start() -> OwnSentinel {
+        let dir = Scratch::new("sentinel");
+        let plain = |port: u16| strings(&["--port", &port.to_string(), "--bind", "127.0.0.1"]);
+        let master_port = free_port();
+        let master = OwnRedis::spawn(&dir.0, plain(master_port), master_port, answers_ping);
+        let replica_port = free_port();
+        let mut replica_args = plain(replica_port);
+        replica_args.extend(strings(&[
+            "--replicaof",
+            "127.0.0.1",
+            &master_port.to_string(),
+        ]));
+        let replica = OwnRedis::spawn(&dir.0, replica_args, replica_port, answers_ping);
+        wait_for(Duration::from_secs(10), "the replica is in sync", || {
+            replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up")
+        });
+        let sentinel_port = free_port();
+        let conf = dir.file(
+            "sentinel.conf",
+            &format!(
+                "port {sentinel_port}\nbind 127.0.0.1\nsentinel monitor cache 127.0.0.1 {master_port} 1\nsentinel down-after-milliseconds cache 1000\nsentinel failover-timeout cache 5000\n"
+            ),
+        );
+        let args = vec![conf.display().to_string(), "--sentinel".to_owned()];
+        let sentinel = OwnRedis::spawn(&dir.0, args, sentinel_port, answers_ping);
+        wait_for(
+            Duration::from_secs(15),
+            "the sentinel knows the replica",
+            || {
+                sentinel
+                    .cli(&["SENTINEL", "REPLICAS", "cache"])
+                    .contains(&replica_port.to_string())
+            },
+        );
+        OwnSentinel {
+            master,
+            replica,
+            sentinel,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis+sentinel://127.0.0.1:{}/cache", self.sentinel.port)
+    }
+
+    /// The port the sentinel names as master now.
+    pub fn master_port(&self) -> u16 {
+        let answer = self
+            .sentinel
+            .cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "cache"]);
+        answer
+            .lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
