@@ -14,9 +14,6 @@ mod own_redis;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::Method;
-
 use common::*;
 use instances::*;
 use own_redis::*;
@@ -25,21 +22,6 @@ fn backend(name: &str) -> String {
     format!(
         "  - {{ name: {name}, provider: azure, region: swedencentral, url: \"{{url:{name}}}\" }}\n"
     )
-}
-
-/// A chat completion with `key` to `gateway`.
-async fn chat_as(h: &Harness, gateway: &onedoor_gateway::Running, key: &str) -> Answer {
-    let auth = format!("Bearer {key}");
-    h.send(
-        Method::POST,
-        format!("http://{}/v1/chat/completions", gateway.addr()),
-        &[
-            ("authorization", &auth),
-            ("content-type", "application/json"),
-        ],
-        Bytes::from(chat_body("chat", false).to_string()),
-    )
-    .await
 }
 
 /// `count` requests with `key`, alternating between `gateways`; (200s, 429s, others).
@@ -51,7 +33,15 @@ async fn alternate(
 ) -> (usize, usize, usize) {
     let mut answers = Vec::with_capacity(count);
     for i in 0..count {
-        answers.push(chat_as(h, &gateways[i % gateways.len()], key).await);
+        answers.push(
+            chat_as(
+                h,
+                &gateways[i % gateways.len()],
+                key,
+                &chat_body("chat", false),
+            )
+            .await,
+        );
     }
     tally(&answers)
 }
@@ -127,7 +117,12 @@ async fn a_tenant_limit_holds_over_rediss_with_an_acl_user_and_a_wrong_password_
         "{ready}"
     );
     assert!(!problem.contains("not-the-password"), "{problem}");
-    assert_eq!(chat_as(&h, &refused, OTHER_KEY).await.status, 503);
+    assert_eq!(
+        chat_as(&h, &refused, OTHER_KEY, &chat_body("chat", false))
+            .await
+            .status,
+        503
+    );
 }
 
 #[tokio::test]
@@ -274,7 +269,10 @@ async fn a_tenant_limit_found_through_sentinel_continues_after_a_failover() {
     // Each instance finds the new master after its first call to the demoted one fails.
     for gateway in &gateways {
         let served = until(Duration::from_secs(10), || async {
-            chat_as(&h, gateway, OTHER_KEY).await.status == 200
+            chat_as(&h, gateway, OTHER_KEY, &chat_body("chat", false))
+                .await
+                .status
+                == 200
         })
         .await;
         assert!(served, "an instance did not follow the failover");

@@ -5,8 +5,11 @@
 //! can say why the store is unreachable.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
 
 use onedoor_config::{RedisAddress, Topology};
 use redis::aio::{
@@ -32,7 +35,32 @@ pub struct LinkSettings<'a> {
 #[derive(Clone)]
 pub struct Link {
     route: Route,
-    problem: Arc<Mutex<Option<String>>>,
+    problem: Arc<Problem>,
+}
+
+/// The last error, behind a flag so that a call that succeeds while all is well takes no lock.
+struct Problem {
+    set: AtomicBool,
+    text: Mutex<Option<String>>,
+}
+
+impl Problem {
+    fn new(text: Option<String>) -> Problem {
+        Problem {
+            set: AtomicBool::new(text.is_some()),
+            text: Mutex::new(text),
+        }
+    }
+
+    fn note(&self, error: Option<&RedisError>) {
+        if error.is_none() && !self.set.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(mut text) = self.text.lock() {
+            *text = error.map(describe);
+            self.set.store(text.is_some(), Ordering::Relaxed);
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -58,19 +86,17 @@ impl Link {
         };
         Link {
             route,
-            problem: Arc::new(Mutex::new(problem)),
+            problem: Arc::new(Problem::new(problem)),
         }
     }
 
     /// The last error a call met, until a call succeeds again.
     pub fn problem(&self) -> Option<String> {
-        self.problem.lock().ok().and_then(|p| p.clone())
+        self.problem.text.lock().ok().and_then(|p| p.clone())
     }
 
     fn note<T>(&self, result: RedisResult<T>) -> RedisResult<T> {
-        if let Ok(mut problem) = self.problem.lock() {
-            *problem = result.as_ref().err().map(describe);
-        }
+        self.problem.note(result.as_ref().err());
         result
     }
 }
@@ -216,7 +242,7 @@ impl Cluster {
 /// master is gone or no longer master; the next call asks the sentinels again.
 struct Sentinel {
     sentinels: tokio::sync::Mutex<SentinelClient>,
-    master: Mutex<Option<MultiplexedConnection>>,
+    master: ArcSwapOption<MultiplexedConnection>,
     config: AsyncConnectionConfig,
 }
 
@@ -261,7 +287,7 @@ fn sentinel(
     }
     Ok(Route::Sentinel(Arc::new(Sentinel {
         sentinels: tokio::sync::Mutex::new(builder.build()?),
-        master: Mutex::new(None),
+        master: ArcSwapOption::empty(),
         config: AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout)),
@@ -270,7 +296,9 @@ fn sentinel(
 
 impl Sentinel {
     fn current(&self) -> Option<MultiplexedConnection> {
-        self.master.lock().ok().and_then(|m| m.clone())
+        self.master
+            .load_full()
+            .map(|m| MultiplexedConnection::clone(&m))
     }
 
     async fn connection(&self) -> RedisResult<MultiplexedConnection> {
@@ -285,9 +313,7 @@ impl Sentinel {
         let connection = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
-        if let Ok(mut master) = self.master.lock() {
-            *master = Some(connection.clone());
-        }
+        self.master.store(Some(Arc::new(connection.clone())));
         Ok(connection)
     }
 
@@ -299,9 +325,7 @@ impl Sentinel {
                 || error.is_timeout()
                 || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
             if moved {
-                if let Ok(mut master) = self.master.lock() {
-                    *master = None;
-                }
+                self.master.store(None);
             }
         }
         result

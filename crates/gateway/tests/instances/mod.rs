@@ -58,7 +58,17 @@ pub async fn another(h: &Harness, config: &str) -> Running {
 
 /// POSTs a chat completion with the team's key to `gateway`.
 pub async fn chat_on(h: &Harness, gateway: &Running, body: &serde_json::Value) -> Answer {
-    let auth = format!("Bearer {KEY}");
+    chat_as(h, gateway, KEY, body).await
+}
+
+/// POSTs a chat completion with `key` to `gateway`.
+pub async fn chat_as(
+    h: &Harness,
+    gateway: &Running,
+    key: &str,
+    body: &serde_json::Value,
+) -> Answer {
+    let auth = format!("Bearer {key}");
     h.send(
         Method::POST,
         format!("http://{}/v1/chat/completions", gateway.addr()),

@@ -89,7 +89,8 @@ impl OwnRedis {
         OwnRedis::spawn(&std::env::temp_dir(), args, port, answers_ping)
     }
 
-    /// A server on `dir` with `args` (besides no persistence); ready once `ready(port)`.
+    /// A server on `dir` with `args` (by default keeping nothing on disk); ready once
+    /// `ready(port)`.
     pub fn spawn(dir: &Path, args: Vec<String>, port: u16, ready: fn(u16) -> bool) -> OwnRedis {
         let mut redis = OwnRedis {
             child: None,
@@ -102,10 +103,14 @@ impl OwnRedis {
     }
 
     fn run(&mut self, ready: fn(u16) -> bool) {
+        // A config file comes first; the test's own arguments override the defaults.
+        let file = self.args.first().filter(|a| !a.starts_with("--"));
+        let args = &self.args[usize::from(file.is_some())..];
         let child = Command::new("redis-server")
             .current_dir(&self.dir)
-            .args(&self.args)
+            .args(file)
             .args(["--save", "", "--appendonly", "no"])
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -119,6 +124,7 @@ impl OwnRedis {
         );
     }
 
+    /// Kills it (SIGKILL: no chance to save anything on the way out).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -127,8 +133,8 @@ impl OwnRedis {
         assert!(!listens(self.port), "redis-server still answers after kill");
     }
 
-    /// Starts it again after [`OwnRedis::stop`], same port and arguments (and, keeping
-    /// nothing, empty).
+    /// Starts it again after [`OwnRedis::stop`], same port and arguments (empty unless its
+    /// arguments keep an append-only file).
     pub fn start_again(&mut self) {
         self.run(answers_ping);
     }
