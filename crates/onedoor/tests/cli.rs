@@ -196,6 +196,34 @@ fn validate_locates_identity_mistakes_without_quoting_secrets() {
     assert!(!stdout.contains("secret-value"), "{stdout}");
 }
 
+const BAD_REDIS_URL: &str = r#"state:
+  store: redis
+  redis_url: "redis+sentinel://:hunter2@10.0.0.5:26379,10.0.0.6"
+  on_store_error: fail_closed
+backends:
+  - { name: se, provider: azure, region: swedencentral, url: "https://se.example" }
+models:
+  - { name: chat, targets: [{ backend: se, deployment: gpt-4o }] }
+"#;
+
+#[test]
+fn validate_locates_a_malformed_redis_url_without_quoting_its_password() {
+    let path = temp_file("redis-url", BAD_REDIS_URL);
+    let output = onedoor()
+        .args(["validate", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let expected = format!(
+        "{}:3:14: a redis+sentinel:// URL names the master after the sentinels",
+        path.display()
+    );
+    assert!(stdout.starts_with(&expected), "{stdout}");
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+}
+
 #[test]
 fn keys_new_prints_a_key_and_its_sha256() {
     let output = onedoor().args(["keys", "new"]).output().unwrap();
