@@ -193,6 +193,28 @@ async fn two_instances_on_a_three_master_cluster_hold_exact_limits_for_tenants_o
 }
 
 #[tokio::test]
+async fn a_tenant_limit_holds_on_a_tls_only_cluster_checked_against_the_test_ca() {
+    let dir = Scratch::new("tls-cluster");
+    let ca = TestCa::new(&dir);
+    let cluster = OwnCluster::start_tls(dir, &ca);
+    let state = format!(
+        "state: {{ store: redis, redis_url: \"{}\", redis_ca_file: \"{}\", on_store_error: fail_closed, key_prefix: {} }}\n",
+        cluster.url(),
+        ca.ca.display(),
+        unique_prefix("tls-cluster")
+    );
+    assert!(state.contains("rediss+cluster://"));
+    let config = two_tenants(&state, ("team", "{ rpm: 5 }"), ("other", "{ rpm: 2 }"));
+    let h = fleet_of_a(&config).await;
+    let gateways = vec![
+        Arc::new(another(&h, &config).await),
+        Arc::new(another(&h, &config).await),
+    ];
+    assert_eq!(alternate(&h, &gateways, KEY, 8).await, (5, 3, 0));
+    assert_eq!(alternate(&h, &gateways, OTHER_KEY, 4).await, (2, 2, 0));
+}
+
+#[tokio::test]
 async fn a_not_served_deployment_and_a_tripped_breaker_are_shared_across_instances_on_a_cluster() {
     let cluster = OwnCluster::start();
     let config = format!(

@@ -48,6 +48,8 @@ pub struct OwnRedis {
     pub port: u16,
     args: Vec<String>,
     dir: PathBuf,
+    /// For a TLS-only server: the CA `redis-cli` checks it with.
+    tls_ca: Option<PathBuf>,
 }
 
 pub fn answers_ping(port: u16) -> bool {
@@ -97,6 +99,7 @@ impl OwnRedis {
             port,
             args,
             dir: dir.to_owned(),
+            tls_ca: None,
         };
         redis.run(ready);
         redis
@@ -145,7 +148,14 @@ impl OwnRedis {
 
     /// `redis-cli` against this server.
     pub fn cli(&self, args: &[&str]) -> String {
-        cli(self.port, args)
+        match &self.tls_ca {
+            Some(ca) => {
+                let ca = ca.display().to_string();
+                let tls = ["--tls", "--cacert", &ca];
+                cli(self.port, &[&tls[..], args].concat())
+            }
+            None => cli(self.port, args),
+        }
     }
 }
 
@@ -158,14 +168,19 @@ impl Drop for OwnRedis {
     }
 }
 
-/// `redis-cli -p PORT ARGS...`, its output (trimmed).
+/// `redis-cli -p PORT ARGS...`, its output (trimmed; its errors when it printed nothing else).
 pub fn cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); {INSTALL}"));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    let said = if out.stdout.is_empty() {
+        &out.stderr
+    } else {
+        &out.stdout
+    };
+    String::from_utf8_lossy(said).trim().to_owned()
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -183,13 +198,19 @@ impl TestCa {
     pub fn new(dir: &Scratch) -> TestCa {
         let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        // Names of their own: a leaf named like its issuer reads as self-signed to OpenSSL.
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "onedoor test CA");
         let ca_key = rcgen::KeyPair::generate().unwrap();
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let server_key = rcgen::KeyPair::generate().unwrap();
-        let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .unwrap()
-            .signed_by(&server_key, &ca, &ca_key)
-            .unwrap();
+        let mut server_params =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+        server_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "127.0.0.1");
+        let server = server_params.signed_by(&server_key, &ca, &ca_key).unwrap();
         TestCa {
             ca: dir.file("ca.pem", &ca.pem()),
             cert: dir.file("server.pem", &server.pem()),
@@ -201,58 +222,47 @@ impl TestCa {
 /// A TLS-only server (no plain port) whose ACL user `user` logs in with `password`.
 pub fn tls_server(dir: &Scratch, ca: &TestCa, user: &str, password: &str) -> OwnRedis {
     let port = free_port();
-    let mut args = strings(&[
-        "--port",
-        "0",
-        "--bind",
-        "127.0.0.1",
-        "--tls-auth-clients",
-        "no",
-    ]);
-    args.extend([
-        "--tls-port".to_owned(),
-        port.to_string(),
-        "--tls-cert-file".to_owned(),
-        ca.cert.display().to_string(),
-        "--tls-key-file".to_owned(),
-        ca.key.display().to_string(),
-        "--tls-ca-cert-file".to_owned(),
-        ca.ca.display().to_string(),
-        "--user".to_owned(),
-        user.to_owned(),
-        "on".to_owned(),
-        format!(">{password}"),
-    ]);
+    let mut args = tls_only(port, ca);
+    args.extend(strings(&["--bind", "127.0.0.1", "--user", user, "on"]));
+    args.push(format!(">{password}"));
     args.extend(strings(&["~*", "&*", "+@all"]));
     OwnRedis::spawn(&dir.0, args, port, listens)
+}
+
+/// The arguments that make a server on `port` TLS-only with `ca`'s certificate.
+fn tls_only(port: u16, ca: &TestCa) -> Vec<String> {
+    let mut args = strings(&["--port", "0", "--tls-auth-clients", "no"]);
+    for (flag, value) in [
+        ("--tls-port", port.to_string()),
+        ("--tls-cert-file", ca.cert.display().to_string()),
+        ("--tls-key-file", ca.key.display().to_string()),
+        ("--tls-ca-cert-file", ca.ca.display().to_string()),
+    ] {
+        args.extend([flag.to_owned(), value]);
+    }
+    args
 }
 
 /// Three masters (no replicas) joined by `redis-cli --cluster create`, slots all assigned.
 pub struct OwnCluster {
     pub nodes: Vec<OwnRedis>,
+    tls: bool,
     _dir: Scratch,
 }
 
 impl OwnCluster {
     pub fn start() -> OwnCluster {
-        let dir = Scratch::new("cluster");
+        OwnCluster::start_with(Scratch::new("cluster"), None)
+    }
+
+    /// The same, TLS-only (the cluster bus too), with `ca`'s certificate; its files in `dir`.
+    pub fn start_tls(dir: Scratch, ca: &TestCa) -> OwnCluster {
+        OwnCluster::start_with(dir, Some(ca))
+    }
+
+    fn start_with(dir: Scratch, tls: Option<&TestCa>) -> OwnCluster {
         let nodes: Vec<OwnRedis> = (0..3)
-            .map(|_| free_port())
-            .map(|port| {
-                let node_dir = dir.0.join(port.to_string());
-                std::fs::create_dir_all(&node_dir).unwrap();
-                let args = vec![
-                    "--port".to_owned(),
-                    port.to_string(),
-                    "--bind".to_owned(),
-                    "127.0.0.1".to_owned(),
-                    "--cluster-enabled".to_owned(),
-                    "yes".to_owned(),
-                    "--cluster-config-file".to_owned(),
-                    "nodes.conf".to_owned(),
-                ];
-                OwnRedis::spawn(&node_dir, args, port, answers_ping)
-            })
+            .map(|_| OwnCluster::node(&dir, free_port(), tls))
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -261,7 +271,7 @@ impl OwnCluster {
         let mut create = vec!["--cluster", "create"];
         create.extend(addresses.iter().map(String::as_str));
         create.push("--cluster-yes");
-        let made = cli(nodes[0].port, &create);
+        let made = nodes[0].cli(&create);
         assert!(made.contains("All 16384 slots covered"), "{made}");
         for node in &nodes {
             wait_for(
@@ -270,7 +280,39 @@ impl OwnCluster {
                 || node.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok"),
             );
         }
-        OwnCluster { nodes, _dir: dir }
+        OwnCluster {
+            nodes,
+            tls: tls.is_some(),
+            _dir: dir,
+        }
+    }
+
+    /// One node in a directory of its own; its bus on a free port of its own too (the default,
+    /// port + 10000, may not exist for a high ephemeral port).
+    fn node(dir: &Scratch, port: u16, tls: Option<&TestCa>) -> OwnRedis {
+        let node_dir = dir.0.join(port.to_string());
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let mut args = match tls {
+            Some(ca) => tls_only(port, ca),
+            None => strings(&["--port", &port.to_string()]),
+        };
+        args.extend(strings(&[
+            "--bind",
+            "127.0.0.1",
+            "--cluster-enabled",
+            "yes",
+        ]));
+        args.extend(strings(&["--cluster-config-file", "nodes.conf"]));
+        args.extend(strings(&["--cluster-port", &free_port().to_string()]));
+        match tls {
+            Some(ca) => {
+                args.extend(strings(&["--tls-cluster", "yes"]));
+                let mut node = OwnRedis::spawn(&node_dir, args, port, listens);
+                node.tls_ca = Some(ca.ca.clone());
+                node
+            }
+            None => OwnRedis::spawn(&node_dir, args, port, answers_ping),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -279,7 +321,8 @@ impl OwnCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}", nodes.join(","))
     }
 
     /// The port of the master that holds `key`'s slot.
@@ -319,7 +362,8 @@ impl OwnCluster {
 
     /// How many keys matching `pattern` the master on `port` holds itself.
     pub fn keys_on(&self, port: u16, pattern: &str) -> usize {
-        cli(port, &["--scan", "--pattern", pattern]).lines().count()
+        let node = self.nodes.iter().find(|n| n.port == port).unwrap();
+        node.cli(&["--scan", "--pattern", pattern]).lines().count()
     }
 }
 
