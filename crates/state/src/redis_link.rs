@@ -412,3 +412,44 @@ impl ConnectionLike for Link {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem_of(url: &str, ca_file: Option<&Path>) -> String {
+        let link = Link::open(&LinkSettings {
+            url,
+            ca_file,
+            timeout: Duration::from_millis(100),
+        });
+        link.problem().unwrap_or_default()
+    }
+
+    #[test]
+    fn settings_that_can_never_connect_say_why_before_any_call() {
+        let unreadable = problem_of(
+            "rediss://u:pw@127.0.0.1:6380/0",
+            Some(Path::new("/no/such/ca.pem")),
+        );
+        assert!(
+            unreadable.contains("redis_ca_file cannot be read"),
+            "{unreadable}"
+        );
+        assert!(unreadable.contains("/no/such/ca.pem"), "{unreadable}");
+        let malformed = problem_of("redis://u:pw@h:1,h:2/0", None);
+        assert!(malformed.contains("redis+cluster://"), "{malformed}");
+        assert!(!malformed.contains("pw"), "{malformed}");
+    }
+
+    #[tokio::test]
+    async fn every_form_opens_without_connecting() {
+        for url in [
+            "redis://127.0.0.1:1/0",
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2",
+            "redis+sentinel://127.0.0.1:1/cache/2",
+        ] {
+            assert_eq!(problem_of(url, None), "", "{url}");
+        }
+    }
+}
