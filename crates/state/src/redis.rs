@@ -1,8 +1,9 @@
-//! The shared store: Redis (or Redis Cluster) through one reconnecting connection manager. Every
-//! decision is one Lua script (atomic, one round trip, timed by Redis `TIME`); every key carries a
-//! hash tag (`{prefix:routing}`, `{prefix:t:TENANT}`), so the keys one script touches share a
-//! Cluster slot. While Redis cannot be reached, `fail_open` serves from a local [`MemoryState`]
-//! (each instance enforcing the limits on its own) and `fail_closed` refuses decisions.
+//! The shared store: Redis through one [`Link`] (one server, a Cluster or the master a Sentinel
+//! names). Every decision is one Lua script (atomic, one round trip, timed by Redis `TIME`); every
+//! key carries a hash tag (`{prefix:routing}`, `{prefix:t:TENANT}`), so the keys one script
+//! touches share a Cluster slot. While Redis cannot be reached, `fail_open` serves from a local
+//! [`MemoryState`] (each instance enforcing the limits on its own) and `fail_closed` refuses
+//! decisions.
 
 use std::future::Future;
 use std::path::PathBuf;
