@@ -5,6 +5,7 @@
 //! [`Recorder::record`], a push into the recording thread's buffer.
 
 mod journal;
+mod ledger;
 mod postgres;
 mod price;
 mod record;
