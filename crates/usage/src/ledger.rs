@@ -11,10 +11,11 @@
 //! not yet released (its tail), in one 8-byte word; recovery reads records from the tail while
 //! their sequence numbers follow on, so stale records of earlier laps end the scan.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fs::OpenOptions;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use memmap2::{MmapMut, MmapOptions};
 
@@ -37,7 +38,8 @@ pub fn path_beside(journal: &Path) -> PathBuf {
 
 /// Maps `regions` regions of the ledger at `path` (created when missing) and reads back every
 /// record a previous process recorded and never released. The caller makes the records safe
-/// elsewhere, then calls [`Region::restart`] on each region.
+/// elsewhere, then calls [`Region::restart`] on each region. A ledger this process has open
+/// already (a reload moved to another store but kept the journal directory) is refused.
 pub fn open(path: &Path, regions: usize) -> io::Result<(Vec<Region>, Vec<UsageRecord>)> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -48,6 +50,7 @@ pub fn open(path: &Path, regions: usize) -> io::Result<(Vec<Region>, Vec<UsageRe
         .create(true)
         .truncate(false)
         .open(path)?;
+    let held = Arc::new(Held::claim(std::fs::canonicalize(path)?)?);
     let size = (REGION * regions) as u64;
     if file.metadata()?.len() < size {
         file.set_len(size)?;
@@ -56,7 +59,7 @@ pub fn open(path: &Path, regions: usize) -> io::Result<(Vec<Region>, Vec<UsageRe
     let mut recovered = Vec::new();
     for index in 0..regions {
         let map = map_region(&file, index)?;
-        let region = Region::recover(map, &mut recovered);
+        let region = Region::recover(map, held.clone(), &mut recovered);
         mapped.push(region);
     }
     Ok((mapped, recovered))
@@ -66,9 +69,10 @@ pub fn open(path: &Path, regions: usize) -> io::Result<(Vec<Region>, Vec<UsageRe
 #[allow(unsafe_code)]
 fn map_region(file: &std::fs::File, index: usize) -> io::Result<MmapMut> {
     // SAFETY: the mapping is undefined behaviour only if the file is truncated or written
-    // through another mapping while mapped. The file belongs to this recorder alone (one
-    // journal directory per instance, as docs/usage.md asks); it is never truncated, only
-    // grown before mapping, and each region is mapped once.
+    // through another mapping while mapped. The file belongs to this recorder alone: no other
+    // recorder of the process holds it ([`Held`]), other processes have journal directories of
+    // their own (docs/usage.md); it is never truncated, only grown before mapping, and each
+    // region is mapped once.
     unsafe {
         MmapOptions::new()
             .offset((index * REGION) as u64)
@@ -77,9 +81,39 @@ fn map_region(file: &std::fs::File, index: usize) -> io::Result<MmapMut> {
     }
 }
 
+/// The ledgers this process has mapped, by their canonical paths.
+static OPEN: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+
+/// A ledger path held by one recorder of this process, until its last region goes.
+struct Held(PathBuf);
+
+impl Held {
+    fn claim(path: PathBuf) -> io::Result<Held> {
+        let mut open = OPEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !open.get_or_insert_with(HashSet::new).insert(path.clone()) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} is in use by another usage store of this gateway (give each store a journal_dir of its own)", path.display()),
+            ));
+        }
+        Ok(Held(path))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut open = OPEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(open) = open.as_mut() {
+            open.remove(&self.0);
+        }
+    }
+}
+
 /// One ring of records; its owner (a recording slot) holds it under its lock.
 pub struct Region {
     map: MmapMut,
+    /// Declared after `map`, so the path is given up only once the mapping is gone.
+    _held: Arc<Held>,
     /// Where the next record goes, and its sequence number.
     head: usize,
     head_seq: u32,
@@ -93,7 +127,7 @@ pub struct Region {
 
 impl Region {
     /// Reads the records a previous process left from the tail on, into `into`.
-    fn recover(map: MmapMut, into: &mut Vec<UsageRecord>) -> Region {
+    fn recover(map: MmapMut, held: Arc<Held>, into: &mut Vec<UsageRecord>) -> Region {
         let last = match map[..8] == MAGIC[..] {
             true => scan(&map, into),
             false => 0,
@@ -101,6 +135,7 @@ impl Region {
         let seq = last.wrapping_add(2).max(1);
         Region {
             map,
+            _held: held,
             head: DATA,
             head_seq: seq,
             tail: DATA,
@@ -301,6 +336,15 @@ mod tests {
         let (_, recovered) = reopen(&path);
         let last = [format!("r{}", written - 2), format!("r{}", written - 1)];
         assert_eq!(ids(&recovered), [&last[0], &last[1], "x", "y", "z"]);
+    }
+
+    #[test]
+    fn a_ledger_open_in_this_process_is_refused_until_it_is_dropped() {
+        let path = ledger("held");
+        let (regions, _) = reopen(&path);
+        assert!(open(&path, 2).is_err());
+        drop(regions);
+        assert!(open(&path, 2).is_ok());
     }
 
     #[test]
