@@ -202,6 +202,11 @@ impl Region {
         };
         self.tail = end;
         self.tail_seq = self.tail_seq.wrapping_add(n as u32);
+        if self.ends.is_empty() {
+            // Nothing left: start over at the beginning, so that a gateway under light load
+            // keeps touching the same few pages.
+            (self.head, self.tail) = (DATA, DATA);
+        }
         self.write_tail();
     }
 
@@ -302,9 +307,13 @@ mod tests {
         }
         assert!(regions[1].write(&crate::testing_record("d")));
         regions[0].release(1);
+        assert!(regions[1].write(&crate::testing_record("e")));
+        regions[1].release(2);
+        assert_eq!(regions[1].head, DATA, "an empty ring starts over");
+        assert!(regions[1].write(&crate::testing_record("f")));
         drop(regions);
         let (regions, recovered) = reopen(&path);
-        assert_eq!(ids(&recovered), ["b", "c", "d"]);
+        assert_eq!(ids(&recovered), ["b", "c", "f"]);
         assert_eq!(recovered[0], crate::testing_record("b"));
         drop(regions);
         let (_, recovered) = reopen(&path);
