@@ -21,8 +21,9 @@ use memmap2::{MmapMut, MmapOptions};
 
 use crate::record::UsageRecord;
 
-/// Bytes of one region: at about 600 bytes a record, some 7,000 records not yet in the store.
-const REGION: usize = 4 << 20;
+/// Bytes of one region: at about 600 bytes a record, some 14,000 records not yet in the store,
+/// more than a slot holds waiting (4,096) and being written (as many again).
+const REGION: usize = 8 << 20;
 /// The region header: a magic word, then the tail word.
 const DATA: usize = 64;
 const MAGIC: &[u8; 8] = b"ODLEDG01";
