@@ -1,9 +1,10 @@
 //! The hand-off from the request path to the store. [`Recorder::record`] puts the record in the
 //! recording thread's own slot and copies it into that slot's region of the [`ledger`] (memory
 //! that outlives a killed process), nothing more; a writer on its own thread takes every slot's
-//! records in batches into the store, then releases them from the ledger. When the store is down or slow (or a slot is full) records
-//! go to the [`Journal`] instead, and the writer replays the journal into the store once it
-//! answers again.
+//! records in batches into the store, then releases them from the ledger. When the store is down
+//! or slow (or a slot is full) records go to the [`Journal`] instead, and the writer replays the
+//! journal into the store once it answers again; a start first moves what a killed process left
+//! in the ledger to the journal.
 //! [`Recorder::close`] (shutdown) writes out what is buffered before it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
