@@ -458,6 +458,8 @@ impl Phases {
 struct Row {
     sent: u64,
     answered_2xx: u64,
+    /// A 2xx head whose body broke off (a stream under way when its gateway was killed).
+    cut_2xx: u64,
     limited_429: u64,
     upstream_429: u64,
     errors_5xx: BTreeMap<String, u64>,
@@ -476,14 +478,18 @@ fn table(sent: &[Sent], phases: &Phases, records: &HashMap<String, Record>) -> S
         let row = rows.entry((phase, s.instance)).or_default();
         row.sent += 1;
         let Got::Answered {
-            status, code, id, ..
+            status,
+            code,
+            id,
+            whole,
         } = &s.got
         else {
             row.failed += 1;
             continue;
         };
         match status {
-            200..=299 => row.answered_2xx += 1,
+            200..=299 if *whole => row.answered_2xx += 1,
+            200..=299 => row.cut_2xx += 1,
             429 if code == "rate_limited" => row.limited_429 += 1,
             429 => row.upstream_429 += 1,
             500.. => {
@@ -496,8 +502,8 @@ fn table(sent: &[Sent], phases: &Phases, records: &HashMap<String, Record>) -> S
         row.records += u64::from(records.contains_key(id));
     }
     let mut out = format!(
-        "{:<16} {:>4} {:>6} {:>6} {:>9} {:>9} {:>7} {:>8}  5xx by code\n",
-        "phase", "gw", "sent", "2xx", "429 limit", "429 other", "no answ", "records"
+        "{:<16} {:>4} {:>6} {:>6} {:>7} {:>9} {:>9} {:>7} {:>8}  5xx by code\n",
+        "phase", "gw", "sent", "2xx", "2xx cut", "429 limit", "429 other", "no answ", "records"
     );
     for ((phase, instance), row) in &rows {
         let errors: Vec<String> = row
@@ -506,11 +512,12 @@ fn table(sent: &[Sent], phases: &Phases, records: &HashMap<String, Record>) -> S
             .map(|(c, n)| format!("{c}: {n}"))
             .collect();
         out.push_str(&format!(
-            "{:<16} {:>4} {:>6} {:>6} {:>9} {:>9} {:>7} {:>8}  {}\n",
+            "{:<16} {:>4} {:>6} {:>6} {:>7} {:>9} {:>9} {:>7} {:>8}  {}\n",
             names.get(*phase).copied().unwrap_or("?"),
             instance,
             row.sent,
             row.answered_2xx,
+            row.cut_2xx,
             row.limited_429,
             row.upstream_429,
             row.failed,
