@@ -6,8 +6,8 @@
 //! no system call.
 //!
 //! The file is one region per recording slot, each a ring of records:
-//! `[len u32][seq u32][JSON][padding to 8]`, `len` written last, so a record whose `len` is
-//! there is whole. A region's header holds the offset and sequence number of its oldest record
+//! `[len u32][seq u32][JSON][padding to 8]`, the `[len][seq]` word written after the JSON, so a
+//! record whose word carries the sequence number the reader expects is whole. A region's header holds the offset and sequence number of its oldest record
 //! not yet released (its tail), in one 8-byte word; recovery reads records from the tail while
 //! their sequence numbers follow on, so stale records of earlier laps end the scan.
 
@@ -182,17 +182,17 @@ impl Region {
     }
 
     /// Where a record of `size` bytes fits: at the head, or back at the beginning (behind a
-    /// wrap marker) when the end of the region is too near and the tail has moved on.
+    /// wrap marker) when the end of the region is too near and the tail has moved on. Once the
+    /// head has wrapped, it may go up to the tail and no further (at the tail the ring is full).
     fn place(&self, size: usize) -> Option<usize> {
-        let empty = self.ends.is_empty();
-        if self.head >= self.tail || empty {
-            if self.head + size <= REGION {
-                return Some(self.head);
-            }
-            let room = if empty { REGION } else { self.tail };
-            return (DATA + size <= room).then_some(DATA);
+        let wrapped = self.head < self.tail || (self.head == self.tail && !self.ends.is_empty());
+        if wrapped {
+            return (self.head + size <= self.tail).then_some(self.head);
         }
-        (self.head + size <= self.tail).then_some(self.head)
+        if self.head + size <= REGION {
+            return Some(self.head);
+        }
+        (DATA + size <= self.tail).then_some(DATA)
     }
 
     /// The `n` oldest records are in the store or the journal: the tail moves past them.
@@ -346,6 +346,27 @@ mod tests {
         let (_, recovered) = reopen(&path);
         let last = [format!("r{}", written - 2), format!("r{}", written - 1)];
         assert_eq!(ids(&recovered), [&last[0], &last[1], "x", "y", "z"]);
+    }
+
+    #[test]
+    fn a_head_that_wrapped_up_to_the_tail_refuses_rather_than_overwrite_it() {
+        let path = ledger("full");
+        let (mut regions, _) = reopen(&path);
+        let region = &mut regions[0];
+        let id = |n: usize| format!("r{n:06}");
+        let mut written = 0;
+        while region.write(&crate::testing_record(&id(written))) {
+            written += 1;
+        }
+        // One record's room at the beginning: the next one wraps and fills the ring exactly.
+        region.release(1);
+        assert!(region.write(&crate::testing_record(&id(written))));
+        assert_eq!(region.head, region.tail, "the ring is exactly full");
+        assert!(!region.write(&crate::testing_record(&id(written + 1))));
+        drop(regions);
+        let (_, recovered) = reopen(&path);
+        let expected: Vec<String> = (1..=written).map(id).collect();
+        assert_eq!(ids(&recovered), expected);
     }
 
     #[test]
