@@ -467,6 +467,15 @@ impl http_body::Body for Metered {
                 if let Some(data) = frame.data_ref() {
                     this.seen.frame(data, this.report.is_none());
                 }
+                // The server may send this frame as the last without polling again: the record
+                // goes first, so that an answer the caller received whole is always recorded.
+                if this
+                    .inner
+                    .as_ref()
+                    .is_some_and(http_body::Body::is_end_stream)
+                {
+                    this.finish();
+                }
             }
             Poll::Ready(Some(Err(_))) => {
                 this.seen.cut = true;

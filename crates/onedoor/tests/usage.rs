@@ -1,5 +1,7 @@
 //! Usage records across processes: the real `onedoor serve` stopped by SIGTERM while its Postgres
-//! is down keeps every record in its journal, and the next start puts them in the store; and
+//! is down keeps every record in its journal, and the next start puts them in the store; killed
+//! with SIGKILL before its store took the records of answered requests, it leaves them in its
+//! ledger, and the next start puts them in the store; and
 //! `onedoor usage report` prints totals that equal the usage blocks the simulated fleet sent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -10,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use onedoor_mock::{Behavior, DeploymentSpec, EndpointSpec, Fleet};
-use onedoor_usage::testing::PrivatePostgres;
+use onedoor_usage::testing::{drop_database, fresh_database, PrivatePostgres, MACHINE_POSTGRES};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -27,7 +29,7 @@ fn temp_dir(name: &str) -> PathBuf {
 fn write_config(dir: &Path, url: &str, store: &str) -> PathBuf {
     let path = dir.join("onedoor.yaml");
     let text = format!(
-        "listen: {}\nadmin: {{ listen: \"{}\", token: t }}\nusage: {{ store: \"{store}\", journal_dir: \"{}\" }}\nbackends:\n  - {{ name: up, provider: azure, region: swedencentral, url: \"{url}\" }}\nmodels:\n  - name: chat\n    price: {{ input_per_1m: 1, output_per_1m: 4 }}\n    targets: [{{ backend: up, deployment: gpt-4o }}]\ntenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n",
+        "listen: {}\nadmin: {{ listen: \"{}\", token: t }}\nusage: {{ store: \"{store}\", journal_dir: \"{}\" }}\nshutdown: {{ drain_delay: 0ms }}\nbackends:\n  - {{ name: up, provider: azure, region: swedencentral, url: \"{url}\" }}\nmodels:\n  - name: chat\n    price: {{ input_per_1m: 1, output_per_1m: 4 }}\n    targets: [{{ backend: up, deployment: gpt-4o }}]\ntenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n",
         free_addr(),
         free_addr(),
         dir.display(),
@@ -175,6 +177,45 @@ async fn sigterm_while_postgres_is_down_keeps_every_record_for_the_next_start() 
         "{report}"
     );
     assert_eq!(report["total"]["estimated_requests"], 0, "{report}");
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_before_the_store_took_the_records_loses_none_of_them() {
+    let fleet = Fleet::start(vec![
+        EndpointSpec::azure("up", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))
+    ])
+    .await
+    .unwrap();
+    let url = fleet.endpoint("up").unwrap().url();
+    let dir = temp_dir("kill");
+    // A "Postgres" that accepts connections and never answers: the writer holds the records it
+    // took (its connect waits up to 5 s) and the rest wait in memory, as in the moments before
+    // any batch write.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("postgres://postgres@{}/never", silent.local_addr().unwrap());
+    let mut sent = Sent::default();
+    let first = Gateway::start(&write_config(&dir, &url, &silent_url), "first").await;
+    traffic(first.addr, 0, 48, &mut sent).await;
+    first.signal("KILL");
+
+    let database = fresh_database(MACHINE_POSTGRES, "kill9")
+        .await
+        .unwrap_or_else(|message| panic!("{message}"));
+    let second = Gateway::start(&write_config(&dir, &url, &database), "second").await;
+    let log = second.log_path();
+    assert_eq!(second.terminate().await.code(), Some(0));
+    let log = std::fs::read_to_string(log).unwrap();
+    assert!(log.contains("did not stop cleanly"), "{log}");
+
+    let report = report_json(&["--store", &database, "--by", ""]);
+    drop_database(MACHINE_POSTGRES, &database).await;
+    assert_eq!(report["total"]["requests"], sent.requests, "{report}");
+    assert_eq!(report["total"]["input_tokens"], sent.prompt, "{report}");
+    assert_eq!(
+        report["total"]["output_tokens"], sent.completion,
+        "{report}"
+    );
     fleet.shutdown().await;
 }
 

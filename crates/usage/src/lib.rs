@@ -1,10 +1,12 @@
 //! Usage records and where they go: one [`UsageRecord`] per request, priced from its target's
 //! price ([`cost_usd`]), handed to a [`Recorder`] that writes batches to SQLite or Postgres on a
-//! thread of its own and spills to a local journal while the store is away; and the chargeback
-//! queries of `onedoor usage report` ([`report`]). Nothing here runs on the request path except
-//! [`Recorder::record`], a push into the recording thread's buffer.
+//! thread of its own, keeps a copy in a memory-mapped ledger that survives `kill -9`, and spills
+//! to a local journal while the store is away; and the chargeback queries of `onedoor usage
+//! report` ([`report`]). Nothing here runs on the request path except [`Recorder::record`], a
+//! push into the recording thread's buffer and a copy into its part of the ledger.
 
 mod journal;
+mod ledger;
 mod postgres;
 mod price;
 mod record;

@@ -1,8 +1,10 @@
 //! The hand-off from the request path to the store. [`Recorder::record`] puts the record in the
-//! recording thread's own slot, nothing more; a writer on its own thread takes every slot's
-//! records in batches into the store. When the store is down or slow (or a slot is full) records
-//! go to the [`Journal`] instead, and the writer replays the journal into the store once it
-//! answers again.
+//! recording thread's own slot and copies it into that slot's region of the [`ledger`] (memory
+//! that outlives a killed process), nothing more; a writer on its own thread takes every slot's
+//! records in batches into the store, then releases them from the ledger. When the store is down
+//! or slow (or a slot is full) records go to the [`Journal`] instead, and the writer replays the
+//! journal into the store once it answers again; a start first moves what a killed process left
+//! in the ledger to the journal.
 //! [`Recorder::close`] (shutdown) writes out what is buffered before it returns.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::journal::Journal;
+use crate::ledger::{self, Region};
 use crate::postgres::PostgresStore;
 use crate::record::UsageRecord;
 use crate::sqlite::SqliteStore;
@@ -99,10 +102,11 @@ impl Recorder {
         else {
             return Ok(Recorder::off());
         };
+        let ledger = ledger::path_beside(journal);
         let journal = Arc::new(Journal::new(journal.clone()));
         let (sender, inbox) = mpsc::channel(CHANNEL);
         let counters = Arc::new(Counters::default());
-        let slots = Arc::new(Slots::default());
+        let slots = Arc::new(Slots::new(open_ledger(&ledger, &journal)));
         let writer = Writer {
             slots: slots.clone(),
             store,
@@ -152,8 +156,10 @@ impl Recorder {
                 // Full: wake-ups are already waiting.
                 Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => return,
                 Err(mpsc::error::TrySendError::Closed(_)) => {
-                    let left = inner.slots.close();
-                    return spill(&inner.journal, &inner.counters, &left);
+                    let (mut left, mut taken) = (Vec::new(), Taken::default());
+                    inner.slots.close(&mut left, &mut taken);
+                    spill(&inner.journal, &inner.counters, &left);
+                    return inner.slots.release(&taken);
                 }
             },
             Put::Added => return,
@@ -214,6 +220,29 @@ impl Recorder {
     }
 }
 
+/// The ledger's regions, after moving what a previous process left in them to the journal;
+/// none (records then wait in memory only) when the ledger cannot be used.
+fn open_ledger(path: &std::path::Path, journal: &Journal) -> Vec<Region> {
+    let opened = ledger::open(path, SLOTS).and_then(|(regions, left)| {
+        if !left.is_empty() {
+            journal.append(&left)?;
+            journal.sync()?;
+            tracing::warn!(records = left.len(), ledger = %path.display(), "usage records of a gateway that did not stop cleanly go to the journal");
+        }
+        Ok(regions)
+    });
+    match opened {
+        Ok(mut regions) => {
+            regions.iter_mut().for_each(Region::restart);
+            regions
+        }
+        Err(error) => {
+            tracing::error!(%error, ledger = %path.display(), "the usage ledger cannot be used: records recorded shortly before a crash may be lost");
+            Vec::new()
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -223,10 +252,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Where records wait for the writer: one slot a recording thread (the gateway's lanes), each on
 /// its own cache lines, so that lanes recording at once share no counter and wake the writer once
 /// a turn, not once a record.
-#[derive(Default)]
 struct Slots {
     slots: [Slot; SLOTS],
 }
+
+/// How many records the writer took from each slot (to release from its ledger region once they
+/// are in the store or the journal).
+type Taken = [usize; SLOTS];
 
 #[derive(Default)]
 #[repr(align(128))]
@@ -237,6 +269,8 @@ struct Waiting {
     records: Vec<UsageRecord>,
     /// The writer stopped: records go to the journal.
     closed: bool,
+    /// This slot's part of the ledger; every record in `records` is in it too.
+    ledger: Option<Region>,
 }
 
 /// What [`Slots::put`] did with a record.
@@ -244,11 +278,19 @@ enum Put {
     /// Took it into a slot that was empty: the writer should be told.
     First,
     Added,
-    /// The slot is full or closed.
+    /// The slot is full or closed, or its ledger region is full.
     Refused(Box<UsageRecord>),
 }
 
 impl Slots {
+    fn new(regions: Vec<Region>) -> Slots {
+        let slots: [Slot; SLOTS] = Default::default();
+        for (slot, region) in slots.iter().zip(regions) {
+            lock(&slot.0).ledger = Some(region);
+        }
+        Slots { slots }
+    }
+
     fn mine(&self) -> &Slot {
         use std::sync::atomic::AtomicUsize;
         static THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -264,6 +306,11 @@ impl Slots {
         if waiting.closed || waiting.records.len() >= BUFFERED / SLOTS {
             return Put::Refused(Box::new(record));
         }
+        if let Some(region) = waiting.ledger.as_mut() {
+            if !region.write(&record) {
+                return Put::Refused(Box::new(record));
+            }
+        }
         waiting.records.push(record);
         match waiting.records.len() {
             1 => Put::First,
@@ -271,22 +318,32 @@ impl Slots {
         }
     }
 
-    /// Moves every waiting record to the end of `batch`, each slot locked once.
-    fn take(&self, batch: &mut Vec<UsageRecord>) {
-        for slot in &self.slots {
-            batch.append(&mut lock(&slot.0).records);
+    /// Moves every waiting record to the end of `batch`, each slot locked once, counting them in
+    /// `taken`.
+    fn take(&self, batch: &mut Vec<UsageRecord>, taken: &mut Taken) {
+        for (slot, taken) in self.slots.iter().zip(taken) {
+            let mut waiting = lock(&slot.0);
+            *taken += waiting.records.len();
+            batch.append(&mut waiting.records);
         }
     }
 
-    /// Refuses records from now on; returns those still waiting.
-    fn close(&self) -> Vec<UsageRecord> {
-        let mut left = Vec::new();
+    /// Refuses records from now on; moves those still waiting to `batch`, as [`Slots::take`].
+    fn close(&self, batch: &mut Vec<UsageRecord>, taken: &mut Taken) {
         for slot in &self.slots {
-            let mut waiting = lock(&slot.0);
-            waiting.closed = true;
-            left.append(&mut waiting.records);
+            lock(&slot.0).closed = true;
         }
-        left
+        self.take(batch, taken);
+    }
+
+    /// The records counted in `taken` are in the store or the journal: their ledger space is
+    /// free again.
+    fn release(&self, taken: &Taken) {
+        for (slot, &n) in self.slots.iter().zip(taken).filter(|(_, &n)| n > 0) {
+            if let Some(region) = lock(&slot.0).ledger.as_mut() {
+                region.release(n);
+            }
+        }
     }
 
     fn len(&self) -> usize {
@@ -368,6 +425,7 @@ impl Store {
 /// What the writer took from its channel in one turn.
 struct Gathered {
     batch: Vec<UsageRecord>,
+    taken: Taken,
     answers: Vec<oneshot::Sender<bool>>,
     closing: bool,
 }
@@ -382,6 +440,7 @@ async fn gather(
 ) -> Gathered {
     let mut gathered = Gathered {
         batch: Vec::new(),
+        taken: Taken::default(),
         answers: Vec::new(),
         closing: first.is_none(),
     };
@@ -398,9 +457,9 @@ async fn gather(
     if gathered.closing {
         inbox.close();
         gathered.take_waiting(inbox);
-        gathered.batch = slots.close();
+        slots.close(&mut gathered.batch, &mut gathered.taken);
     } else {
-        slots.take(&mut gathered.batch);
+        slots.take(&mut gathered.batch, &mut gathered.taken);
     }
     gathered
 }
@@ -450,6 +509,7 @@ impl Writer {
             };
             let Gathered {
                 batch,
+                taken,
                 answers,
                 closing,
             } = gather(&mut inbox, &self.slots, message).await;
@@ -459,6 +519,7 @@ impl Writer {
                 self.retry_at = Instant::now();
             }
             self.write(batch).await;
+            self.slots.release(&taken);
             if closing {
                 if let Err(error) = self.journal.sync() {
                     tracing::error!(%error, "the usage journal could not be synced");

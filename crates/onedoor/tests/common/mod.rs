@@ -90,6 +90,12 @@ impl Gateway {
         assert!(status.success(), "kill -{name} failed");
     }
 
+    /// SIGKILL straight from this process (no `kill` command to start first): the moment after
+    /// an answer, before the gateway does anything more.
+    pub fn kill_at_once(&mut self) {
+        self.child.kill().unwrap();
+    }
+
     /// Waits up to `within` for the process to exit.
     pub async fn exit(&mut self, within: Duration) -> ExitStatus {
         let started = Instant::now();
