@@ -13,6 +13,7 @@
 
 mod anthropic;
 mod azure;
+mod batch;
 mod behavior;
 mod control;
 mod dialect;

@@ -1,0 +1,432 @@
+//! `POST /v1/batches`: the batch's file is read again, its tokens estimated and held against
+//! the tenant's period quotas (refused before anything leaves the gateway), then it is placed:
+//! on each candidate in turn the file is uploaded (lines rewritten for that target) and the
+//! batch created. A backend that refuses for capacity or health (429, 5xx, Azure's enqueued-token
+//! limit) loses the batch to the next candidate; one that refuses its content answers the caller.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use onedoor_config::{Alias, Limits, Price};
+use onedoor_state::{
+    Ask, Charge, Limit, MeterKey, MeterLimits, Refusal, Reservation, Settlement, State, Verdict,
+};
+use serde_json::{json, Value};
+
+use super::holder::{self, Holder};
+use super::input::{self, Input};
+use super::ledger::{self, BatchRecord, FileRecord, Held};
+use super::{json, new_id, now_s, objects, tenant_of, Served};
+use crate::admission;
+use crate::auth::Caller;
+use crate::body::Body;
+use crate::errors::GatewayError;
+use crate::pipeline::{passthrough, resolve};
+use crate::router::{self, Candidate};
+use crate::runtime::Runtime;
+use crate::surface::Dialect;
+use crate::upstream::Failure;
+
+/// What the caller asked for.
+struct Order {
+    input_file_id: String,
+    endpoint: String,
+    completion_window: String,
+    metadata: Value,
+}
+
+fn order(body: &Bytes) -> Result<Order, GatewayError> {
+    let invalid = |why: &str| GatewayError::InvalidRequest(why.to_owned());
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        GatewayError::InvalidRequest(format!("the request body is not valid JSON: {e}"))
+    })?;
+    let text = |key: &str| value.get(key).and_then(Value::as_str).map(str::to_owned);
+    let order = Order {
+        input_file_id: text("input_file_id")
+            .ok_or_else(|| invalid("missing required field `input_file_id`"))?,
+        endpoint: text("endpoint").ok_or_else(|| invalid("missing required field `endpoint`"))?,
+        completion_window: text("completion_window").unwrap_or_else(|| "24h".into()),
+        metadata: value.get("metadata").cloned().unwrap_or(Value::Null),
+    };
+    if order.completion_window != "24h" {
+        return Err(invalid("completion_window must be \"24h\""));
+    }
+    Ok(order)
+}
+
+pub async fn create(
+    runtime: &Runtime,
+    caller: &Caller<'_>,
+    dialect: Dialect,
+    body: &Bytes,
+    served: &mut Served,
+) -> Result<Response<Body>, GatewayError> {
+    let order = order(body)?;
+    let tenant = tenant_of(caller);
+    let file = ledger::find_file(runtime, tenant, &order.input_file_id).await?;
+    if file.purpose != "batch" {
+        return Err(GatewayError::InvalidRequest(format!(
+            "the file {} is not a batch input file",
+            file.id
+        )));
+    }
+    let text = ledger::content(runtime, tenant, &file.id).await?;
+    let snapshot = &runtime.snapshot;
+    let input = input::read(&text, &snapshot.batch)?;
+    if input::operation_of(&order.endpoint) != Some(input.operation) {
+        return Err(GatewayError::InvalidRequest(format!(
+            "the endpoint {:?} is not the url of the file's lines",
+            order.endpoint
+        )));
+    }
+    let (alias, _) = resolve(snapshot, &input.alias, caller.tenant)?;
+    let estimator = admission::estimator(alias, &input.alias);
+    let (prompt, completion) =
+        input::estimate(&input, estimator, snapshot.routing.default_max_tokens).await;
+    let reservation = hold(
+        runtime,
+        caller,
+        alias,
+        prompt,
+        completion,
+        input.lines.len(),
+    )
+    .await?;
+    let placing = Placing {
+        runtime,
+        input: &input,
+        file: &file,
+        order: &order,
+    };
+    let placed = placing.place(alias, caller, served).await;
+    let (candidate, upload, batch) = match placed {
+        Ok(placed) => placed,
+        Err(refusal) => {
+            if let Some(reservation) = &reservation {
+                release(runtime, reservation).await;
+            }
+            return refusal.answer(runtime, dialect);
+        }
+    };
+    let backend = snapshot.backends.get(candidate.backend);
+    let record = BatchRecord {
+        id: new_id("batch_"),
+        key_id: caller.key.id.to_string(),
+        alias: input.alias.clone(),
+        endpoint: order.endpoint,
+        input_file_id: file.id,
+        created_at: now_s(),
+        backend: backend.map(|b| b.name.to_string()).unwrap_or_default(),
+        deployment: candidate.deployment.to_string(),
+        upstream_id: batch["id"].as_str().unwrap_or_default().to_owned(),
+        upstream_input_file: upload,
+        upstream: batch,
+        output_file_id: None,
+        error_file_id: None,
+        lines: input.lines.len() as u64,
+        estimated_tokens: prompt + completion,
+        reservation: reservation.as_ref().map(Held::of),
+        attempts: served.trail.header(),
+        settled: false,
+    };
+    ledger::keep_batch(runtime, tenant, &record).await?;
+    let state = &runtime.state;
+    state
+        .keep(ledger::OPEN, &record.id, tenant)
+        .await
+        .map_err(|_| GatewayError::StateUnavailable)?;
+    Ok(json(StatusCode::OK, &objects::batch(&record)))
+}
+
+/// Why no backend took the batch.
+enum Refused {
+    /// A backend refused its content: its answer goes back as it came.
+    Upstream(usize, Failure),
+    Gateway(GatewayError),
+}
+
+impl Refused {
+    fn answer(self, runtime: &Runtime, dialect: Dialect) -> Result<Response<Body>, GatewayError> {
+        match self {
+            Refused::Upstream(backend, failure) => {
+                let redaction = runtime.redaction(backend).map(|r| &**r);
+                Ok(passthrough(failure, dialect, redaction))
+            }
+            Refused::Gateway(error) => Err(error),
+        }
+    }
+}
+
+/// One batch on its way to a backend.
+struct Placing<'a> {
+    runtime: &'a Runtime,
+    input: &'a Input,
+    file: &'a FileRecord,
+    order: &'a Order,
+}
+
+impl Placing<'_> {
+    /// The candidate that took the batch, the file id it gave the upload, and its batch object.
+    async fn place(
+        &self,
+        alias: &Alias,
+        caller: &Caller<'_>,
+        served: &mut Served,
+    ) -> Result<(Candidate, String, Value), Refused> {
+        let runtime = self.runtime;
+        let plan = router::plan_batch(
+            runtime,
+            alias,
+            &self.input.alias,
+            caller.tenant,
+            self.input.operation,
+        )
+        .await
+        .map_err(|_| Refused::Gateway(GatewayError::StateUnavailable))?;
+        let candidates = in_turn(plan.candidates);
+        if candidates.is_empty() {
+            return Err(Refused::Gateway(GatewayError::NoBackendAvailable(format!(
+                "no backend this key may reach takes batches for `{}` now",
+                self.input.alias
+            ))));
+        }
+        let attempts = runtime.snapshot.routing.max_attempts as usize;
+        for candidate in candidates.into_iter().take(attempts.max(1)) {
+            let Some(holder) = Holder::new(runtime, candidate.backend) else {
+                continue;
+            };
+            served.backend = Some(candidate.backend);
+            match self.try_on(&holder, &candidate.deployment).await {
+                Ok((upload, batch)) => {
+                    served
+                        .trail
+                        .attempts
+                        .push((holder.backend.name.clone(), "200".into()));
+                    return Ok((candidate, upload, batch));
+                }
+                Err(Attempted::Elsewhere(outcome)) => {
+                    served
+                        .trail
+                        .attempts
+                        .push((holder.backend.name.clone(), outcome));
+                }
+                Err(Attempted::Refused(failure)) => {
+                    served
+                        .trail
+                        .attempts
+                        .push((holder.backend.name.clone(), failure.label()));
+                    return Err(Refused::Upstream(candidate.backend, failure));
+                }
+            }
+        }
+        served.backend = None;
+        Err(Refused::Gateway(GatewayError::UpstreamFailed(
+            self.input.alias.clone(),
+        )))
+    }
+
+    /// Uploads the file to `holder` and creates the batch there.
+    async fn try_on(
+        &self,
+        holder: &Holder<'_>,
+        deployment: &str,
+    ) -> Result<(String, Value), Attempted> {
+        let lines = input::rewrite(self.input, deployment, holder.backend.provider);
+        let uploaded = holder
+            .upload(&self.file.filename, lines)
+            .await
+            .map_err(Attempted::of)?;
+        let Some(upload) = uploaded["id"].as_str().map(str::to_owned) else {
+            return Err(Attempted::Elsewhere("bad_answer".into()));
+        };
+        let request = json!({
+            "input_file_id": upload,
+            "endpoint": endpoint_for(holder, self.input.operation),
+            "completion_window": self.order.completion_window,
+            "metadata": self.order.metadata,
+        });
+        let created = holder.create(&request).await;
+        let batch = match created {
+            Ok(batch) if holder::refused_at_creation(&batch) => {
+                Err(Attempted::Elsewhere("token_limit_exceeded".into()))
+            }
+            Ok(batch) if batch["id"].is_string() => Ok(batch),
+            Ok(_) => Err(Attempted::Elsewhere("bad_answer".into())),
+            Err(failure) => Err(Attempted::of(failure)),
+        };
+        if batch.is_err() {
+            holder.delete_file(&upload).await;
+        }
+        batch.map(|batch| (upload, batch))
+    }
+}
+
+/// How one backend's attempt ended, when it did not take the batch.
+enum Attempted {
+    /// Try the next candidate; the outcome word for `x-onedoor-attempts`.
+    Elsewhere(crate::upstream::Outcome),
+    Refused(Failure),
+}
+
+impl Attempted {
+    fn of(failure: Failure) -> Attempted {
+        match holder::moves_elsewhere(&failure) {
+            true => Attempted::Elsewhere(match &failure {
+                Failure::Status { body, .. } if holder::token_limit(body) => {
+                    "token_limit_exceeded".into()
+                }
+                _ => failure.label(),
+            }),
+            false => Attempted::Refused(failure),
+        }
+    }
+}
+
+/// The batch endpoint as the backend's dialect names it.
+fn endpoint_for(holder: &Holder<'_>, operation: crate::request::Operation) -> String {
+    match holder.backend.provider {
+        onedoor_config::Provider::Azure => format!("/{}", operation.path()),
+        _ => format!("/v1/{}", operation.path()),
+    }
+}
+
+/// The candidates in the order they are asked: priority groups first, and inside a group one
+/// after another drawn by weight.
+fn in_turn(mut candidates: Vec<Candidate>) -> Vec<Candidate> {
+    candidates.sort_by_key(|c| c.priority);
+    let mut ordered = Vec::with_capacity(candidates.len());
+    while let Some(top) = candidates.first().map(|c| c.priority) {
+        let group = candidates.iter().take_while(|c| c.priority == top).count();
+        let total: u64 = candidates[..group]
+            .iter()
+            .map(|c| u64::from(c.weight.max(1)))
+            .sum();
+        let mut draw = rand::random::<u64>() % total.max(1);
+        let mut chosen = 0;
+        for (i, candidate) in candidates[..group].iter().enumerate() {
+            let weight = u64::from(candidate.weight.max(1));
+            if draw < weight {
+                chosen = i;
+                break;
+            }
+            draw -= weight;
+        }
+        ordered.push(candidates.remove(chosen));
+    }
+    ordered
+}
+
+/// Only the period quotas of a tenant's or key's limits: a batch runs later, not in this minute.
+fn quotas(limits: &Limits) -> Option<MeterLimits> {
+    let all = admission::meter_limits(limits)?;
+    let quotas = MeterLimits {
+        tokens_per_day: all.tokens_per_day,
+        micro_usd_per_month: all.micro_usd_per_month,
+        ..MeterLimits::default()
+    };
+    (quotas != MeterLimits::default()).then_some(quotas)
+}
+
+/// The dearest batch price among the alias's targets: what the batch may cost at most.
+fn dearest(alias: &Alias) -> Option<Price> {
+    alias
+        .targets
+        .iter()
+        .filter_map(|t| t.price.or(alias.price))
+        .map(|p| p.for_batches())
+        .max_by(|a, b| {
+            (a.input_per_1m + a.output_per_1m).total_cmp(&(b.input_per_1m + b.output_per_1m))
+        })
+}
+
+/// Holds the batch's estimate against the tenant's and key's `tokens_per_day` and
+/// `usd_per_month`, or refuses it; `None` for a caller without such quotas.
+async fn hold(
+    runtime: &Runtime,
+    caller: &Caller<'_>,
+    alias: &Alias,
+    prompt: u64,
+    completion: u64,
+    lines: usize,
+) -> Result<Option<Reservation>, GatewayError> {
+    let (tenant, key) = (caller.tenant, caller.key);
+    let mut meters = Vec::new();
+    if let Some(limits) = quotas(&tenant.limits) {
+        meters.push((MeterKey::tenant(&tenant.name), limits));
+    }
+    if let Some(limits) = quotas(&key.limits) {
+        meters.push((MeterKey::key(&tenant.name, &key.id), limits));
+    }
+    if meters.is_empty() {
+        return Ok(None);
+    }
+    let price = dearest(alias);
+    let charge = Charge {
+        tokens: prompt + completion,
+        micro_usd: admission::micro_usd(price.as_ref(), prompt, completion),
+        lease_ms: 1,
+    };
+    let ask = Ask {
+        meters,
+        charge,
+        enforce: true,
+    };
+    let state = &runtime.state;
+    match state
+        .admit(&ask)
+        .await
+        .map_err(|_| GatewayError::StateUnavailable)?
+    {
+        Verdict::Admitted(reservation) => {
+            // Nothing of a batch is in flight here: only its charge stays, until it ends.
+            let settlement = Settlement {
+                tokens: reservation.tokens,
+                micro_usd: reservation.micro_usd,
+                release: true,
+            };
+            state.settle(&reservation, settlement).await;
+            Ok(Some(reservation))
+        }
+        Verdict::Refused(refusal) => Err(over_quota(caller, &refusal, prompt, completion, lines)),
+    }
+}
+
+fn over_quota(
+    caller: &Caller<'_>,
+    refusal: &Refusal,
+    prompt: u64,
+    completion: u64,
+    lines: usize,
+) -> GatewayError {
+    let scope = match refusal.meter {
+        0 if quotas(&caller.tenant.limits).is_some() => format!("tenant `{}`", caller.tenant.name),
+        _ => format!("key `{}`", caller.key.id),
+    };
+    let wait = std::time::Duration::from_millis(refusal.retry_after_ms);
+    let estimate =
+        format!("(prompt estimate {prompt} + completion budget {completion} over {lines} lines)");
+    let message = match refusal.limit {
+        Limit::UsdPerMonth => format!(
+            "quota exceeded: the {scope}'s usd_per_month of ${:.2} has ${:.4} used and this batch may cost up to ${:.4} at batch prices {estimate}; nothing was submitted",
+            refusal.cap as f64 / 1e6, refusal.used as f64 / 1e6, refusal.asked as f64 / 1e6
+        ),
+        _ => format!(
+            "quota exceeded: the {scope}'s tokens_per_day of {} has {} used and this batch reserves {} {estimate}; nothing was submitted",
+            refusal.cap, refusal.used, refusal.asked
+        ),
+    };
+    GatewayError::QuotaExceeded {
+        message,
+        period_ends_in: wait,
+    }
+}
+
+/// Gives back a reservation whose batch was never placed.
+async fn release(runtime: &Runtime, reservation: &Reservation) {
+    let state = &runtime.state;
+    let nothing = Settlement {
+        tokens: 0,
+        micro_usd: 0,
+        release: false,
+    };
+    state.settle(reservation, nothing).await;
+}
