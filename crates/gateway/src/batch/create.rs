@@ -79,7 +79,8 @@ pub async fn create(
         )));
     }
     let (alias, _) = resolve(snapshot, &input.alias, caller.tenant)?;
-    let estimator = admission::estimator(alias, &input.alias);
+    let counted = quotas(&caller.tenant.limits).is_some() || quotas(&caller.key.limits).is_some();
+    let estimator = counted.then(|| admission::estimator(alias, &input.alias));
     let (prompt, completion) =
         input::estimate(&input, estimator, snapshot.routing.default_max_tokens).await;
     let reservation = hold(

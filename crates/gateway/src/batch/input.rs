@@ -135,16 +135,24 @@ pub fn rewrite(input: &Input, deployment: &str, provider: Provider) -> Bytes {
     Bytes::from(out)
 }
 
-/// Prompt tokens by the tokenizer, and completion budgets (`max_tokens`, else
-/// `default_max_tokens`; none for embeddings), over every line.
-pub async fn estimate(input: &Input, estimator: Estimator, default_max_tokens: u64) -> (u64, u64) {
+/// Prompt tokens, and completion budgets (`max_tokens`, else `default_max_tokens`; none for
+/// embeddings), over every line. Prompts are counted by the tokenizer when an `estimator` is
+/// given (a quota needs the count), else estimated at four bytes a token.
+pub async fn estimate(
+    input: &Input,
+    estimator: Option<Estimator>,
+    default_max_tokens: u64,
+) -> (u64, u64) {
     let (mut prompt, mut completion) = (0, 0);
     for line in &input.lines {
         let body = Bytes::from(line["body"].to_string());
         let Ok(request) = ClientRequest::parse(body, input.operation) else {
             continue;
         };
-        prompt += admission::count_prompt(estimator, &request, input.operation).await;
+        prompt += match estimator {
+            Some(estimator) => admission::count_prompt(estimator, &request, input.operation).await,
+            None => (request.raw().len() as u64).div_ceil(4),
+        };
         completion += match input.operation {
             Operation::Embeddings => 0,
             _ => request.max_tokens.unwrap_or(default_max_tokens),
