@@ -130,6 +130,7 @@ pub async fn create(
         settled: false,
     };
     ledger::keep_batch(runtime, tenant, &record).await?;
+    runtime.metrics.batch_placed(record.estimated_tokens);
     let state = &runtime.state;
     state
         .keep(ledger::OPEN, &record.id, tenant)

@@ -271,6 +271,34 @@ pub async fn delete_file(
     Ok(json(StatusCode::OK, &answer))
 }
 
+/// How many batches (by status as last seen) and files (by purpose) the tenants hold.
+#[derive(Debug, Default)]
+pub struct Census {
+    pub batches: std::collections::BTreeMap<String, i64>,
+    pub files: std::collections::BTreeMap<String, i64>,
+}
+
+/// Counts every tenant's records; `None` when the store cannot be read.
+pub async fn census(runtime: &Runtime) -> Option<Census> {
+    let mut census = Census::default();
+    let state = &runtime.state;
+    for tenant in &runtime.snapshot.tenants {
+        for (_, text) in state.records(&batches_of(&tenant.name)).await.ok()? {
+            let Ok(batch) = serde_json::from_str::<BatchRecord>(&text) else {
+                continue;
+            };
+            let status = batch.upstream["status"].as_str().unwrap_or("validating");
+            *census.batches.entry(status.to_owned()).or_default() += 1;
+        }
+        for (_, text) in state.records(&files_of(&tenant.name)).await.ok()? {
+            if let Ok(file) = serde_json::from_str::<FileRecord>(&text) {
+                *census.files.entry(file.purpose).or_default() += 1;
+            }
+        }
+    }
+    Some(census)
+}
+
 /// `GET /v1/batches`: the tenant's batches, newest first, as last seen.
 pub async fn list_batches(
     runtime: &Runtime,

@@ -25,6 +25,7 @@ use crate::runtime::Runtime;
 use crate::surface::Dialect;
 
 pub use holder::Holder;
+pub use ledger::census;
 pub use settle::poll;
 
 /// Whether a backend has a batch API the gateway speaks (Anthropic's is another shape).

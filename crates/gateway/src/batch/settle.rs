@@ -239,6 +239,7 @@ async fn settle(
         _ => Measured::default(),
     };
     let usage = usage_record(runtime, tenant, record, &measured);
+    tracing::info!(batch = %record.id, tenant, backend = %record.backend, lines = measured.lines, input = measured.input, output = measured.output, "a batch ended; its usage is recorded");
     if let Some(held) = &record.reservation {
         let settlement = Settlement {
             tokens: usage.tokens.total(),
@@ -247,6 +248,7 @@ async fn settle(
         };
         state.settle(&held.reservation(), settlement).await;
     }
+    runtime.metrics.batch_ended(measured.input, measured.output);
     runtime.recorder.record(usage);
     Ok(())
 }
