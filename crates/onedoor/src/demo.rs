@@ -358,6 +358,10 @@ Every request is a usage record in ./{DEMO_USAGE_FILE}; chargeback per tenant, a
 
 onedoor usage report --by tenant,alias,backend
 
+and batch spend beside synchronous spend:
+
+onedoor usage report --by tenant,kind
+
 Ctrl-C stops it all.
 "#
     )
