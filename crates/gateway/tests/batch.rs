@@ -267,6 +267,7 @@ async fn a_batch_refused_at_creation_moves_to_the_next_backend_with_its_file() {
     let h = Harness::start(vec![openai("a"), openai("b")], &two_backends("")).await;
     h.endpoint("a").set_behavior(Behavior {
         status: Some(429),
+        retry_after_s: Some(30),
         ..Behavior::default()
     });
     let team = Caller::of(&h, KEY);
@@ -279,6 +280,9 @@ async fn a_batch_refused_at_creation_moves_to_the_next_backend_with_its_file() {
         .until_ended(created.json()["id"].as_str().unwrap())
         .await;
     assert_eq!(ended["status"], "completed");
+    // The 429 cooled `a` down for its Retry-After: the next batch is not offered to it.
+    let again = team.create(&file).await;
+    assert_eq!(again.attempts(), "b=200", "{}", again.body);
 }
 
 #[tokio::test]

@@ -205,7 +205,7 @@ impl Placing<'_> {
                         .push((holder.backend.name.clone(), "200".into()));
                     return Ok((candidate, upload, batch));
                 }
-                Err(Attempted::Elsewhere(outcome)) => {
+                Err(Attempted::Elsewhere(outcome, _)) => {
                     served
                         .trail
                         .attempts
@@ -226,8 +226,23 @@ impl Placing<'_> {
         )))
     }
 
-    /// Uploads the file to `holder` and creates the batch there.
+    /// Uploads the file to `holder` and creates the batch there. A 429 on the way cools the
+    /// target down for its Retry-After, as a synchronous call's would.
     async fn try_on(
+        &self,
+        holder: &Holder<'_>,
+        deployment: &str,
+    ) -> Result<(String, Value), Attempted> {
+        let tried = self.upload_and_create(holder, deployment).await;
+        if let Err(Attempted::Elsewhere(_, Some(wait))) = &tried {
+            let key = onedoor_state::TargetKey::new(holder.name(), deployment);
+            let state = &self.runtime.state;
+            state.cool_down(&key, wait.as_millis() as u64).await;
+        }
+        tried
+    }
+
+    async fn upload_and_create(
         &self,
         holder: &Holder<'_>,
         deployment: &str,
@@ -238,7 +253,7 @@ impl Placing<'_> {
             .await
             .map_err(Attempted::of)?;
         let Some(upload) = uploaded["id"].as_str().map(str::to_owned) else {
-            return Err(Attempted::Elsewhere("bad_answer".into()));
+            return Err(Attempted::elsewhere("bad_answer"));
         };
         let request = json!({
             "input_file_id": upload,
@@ -249,10 +264,10 @@ impl Placing<'_> {
         let created = holder.create(&request).await;
         let batch = match created {
             Ok(batch) if holder::refused_at_creation(&batch) => {
-                Err(Attempted::Elsewhere("token_limit_exceeded".into()))
+                Err(Attempted::elsewhere("token_limit_exceeded"))
             }
             Ok(batch) if batch["id"].is_string() => Ok(batch),
-            Ok(_) => Err(Attempted::Elsewhere("bad_answer".into())),
+            Ok(_) => Err(Attempted::elsewhere("bad_answer")),
             Err(failure) => Err(Attempted::of(failure)),
         };
         if batch.is_err() {
@@ -264,21 +279,32 @@ impl Placing<'_> {
 
 /// How one backend's attempt ended, when it did not take the batch.
 enum Attempted {
-    /// Try the next candidate; the outcome word for `x-onedoor-attempts`.
-    Elsewhere(crate::upstream::Outcome),
+    /// Try the next candidate: the outcome word for `x-onedoor-attempts`, and a 429's wait.
+    Elsewhere(crate::upstream::Outcome, Option<std::time::Duration>),
     Refused(Failure),
 }
 
 impl Attempted {
+    fn elsewhere(outcome: &'static str) -> Attempted {
+        Attempted::Elsewhere(outcome.into(), None)
+    }
+
     fn of(failure: Failure) -> Attempted {
-        match holder::moves_elsewhere(&failure) {
-            true => Attempted::Elsewhere(match &failure {
-                Failure::Status { body, .. } if holder::token_limit(body) => {
-                    "token_limit_exceeded".into()
-                }
-                _ => failure.label(),
-            }),
-            false => Attempted::Refused(failure),
+        if !holder::moves_elsewhere(&failure) {
+            return Attempted::Refused(failure);
+        }
+        match &failure {
+            Failure::Status { body, .. } if holder::token_limit(body) => {
+                Attempted::elsewhere("token_limit_exceeded")
+            }
+            Failure::Status {
+                status, headers, ..
+            } if *status == StatusCode::TOO_MANY_REQUESTS => {
+                let wait = crate::outcome::retry_after(headers)
+                    .unwrap_or(crate::outcome::DEFAULT_COOLDOWN);
+                Attempted::Elsewhere(failure.label(), Some(wait))
+            }
+            _ => Attempted::Elsewhere(failure.label(), None),
         }
     }
 }
