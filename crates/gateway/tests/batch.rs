@@ -522,8 +522,27 @@ async fn a_cancelled_batch_ends_cancelled() {
         .as_str()
         .unwrap()
         .to_owned();
+    let dashboard = h
+        .admin_get("/admin/dashboard", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    let open = &dashboard["open_batches"];
+    assert_eq!(
+        (
+            open[0]["id"].as_str(),
+            open[0]["tenant"].as_str(),
+            open[0]["backend"].as_str()
+        ),
+        (Some(id.as_str()), Some("team"), Some("a")),
+        "{open}"
+    );
     let cancelling = team.post(&format!("/batches/{id}/cancel"), json!({})).await;
     assert_eq!(cancelling.status, 200, "{}", cancelling.body);
     assert_eq!(cancelling.json()["status"], "cancelling");
     assert_eq!(team.until_ended(&id).await["status"], "cancelled");
+    let dashboard = h
+        .admin_get("/admin/dashboard", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(dashboard["open_batches"], json!([]));
 }

@@ -299,6 +299,31 @@ pub async fn census(runtime: &Runtime) -> Option<Census> {
     Some(census)
 }
 
+/// Every open batch of every tenant as the dashboard lists it, oldest first.
+pub async fn open_batches(runtime: &Runtime) -> Vec<Value> {
+    let state = &runtime.state;
+    let Ok(open) = state.records(OPEN).await else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (id, tenant) in open {
+        if let Ok(batch) = find_batch(runtime, &tenant, &id).await {
+            found.push((tenant, batch));
+        }
+    }
+    found.sort_by(|a, b| (a.1.created_at, &a.1.id).cmp(&(b.1.created_at, &b.1.id)));
+    found
+        .into_iter()
+        .map(|(tenant, batch)| {
+            serde_json::json!({
+                "id": batch.id, "tenant": tenant, "alias": batch.alias, "backend": batch.backend,
+                "status": batch.upstream["status"], "created_at": batch.created_at,
+                "request_counts": batch.upstream["request_counts"], "estimated_tokens": batch.estimated_tokens,
+            })
+        })
+        .collect()
+}
+
 /// `GET /v1/batches`: the tenant's batches, newest first, as last seen.
 pub async fn list_batches(
     runtime: &Runtime,

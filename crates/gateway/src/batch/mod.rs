@@ -25,7 +25,7 @@ use crate::runtime::Runtime;
 use crate::surface::Dialect;
 
 pub use holder::Holder;
-pub use ledger::census;
+pub use ledger::{census, open_batches};
 pub use settle::poll;
 
 /// Whether a backend has a batch API the gateway speaks (Anthropic's is another shape).
