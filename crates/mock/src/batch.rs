@@ -305,6 +305,35 @@ fn look(shared: &Shared, holdings: &mut Holdings, id: &str) -> Option<Value> {
     if batch.finished {
         return Some(batch.object.clone());
     }
+    let stage = advance(batch);
+    if !matches!(stage, "completed" | "cancelled") {
+        return Some(batch.object.clone());
+    }
+    batch.finished = true;
+    let total = batch.lines.len();
+    let done = batch.object["request_counts"]["completed"]
+        .as_u64()
+        .unwrap_or(0) as usize;
+    let lines: Vec<Value> = batch.lines.iter().take(done).cloned().collect();
+    let mut object = batch.object.clone();
+    let (output, errors, failed) = run_lines(shared, &lines);
+    object["request_counts"] =
+        json!({"total": total, "completed": lines.len() - failed, "failed": failed});
+    if !output.is_empty() {
+        object["output_file_id"] = json!(keep_file(holdings, id, "batch_output", output));
+    }
+    if !errors.is_empty() {
+        object["error_file_id"] = json!(keep_file(holdings, id, "batch_error", errors));
+    }
+    if let Some(batch) = holdings.batches.get_mut(id) {
+        batch.object = object.clone();
+    }
+    Some(object)
+}
+
+/// Moves the batch to the state its clock says, stamping the times of the states it entered;
+/// the state it is in now.
+fn advance(batch: &mut Batch) -> &'static str {
     let now = unix_now();
     let done = progress(batch);
     let stage = match batch.cancelled {
@@ -315,60 +344,25 @@ fn look(shared: &Shared, holdings: &mut Holdings, id: &str) -> Option<Value> {
         None if done >= 0.1 => "in_progress",
         None => "validating",
     };
+    let stamps: &[&str] = match stage {
+        "in_progress" => &["in_progress_at"],
+        "finalizing" => &["in_progress_at", "finalizing_at"],
+        "completed" => &["in_progress_at", "finalizing_at", "completed_at"],
+        "cancelling" => &["cancelling_at"],
+        "cancelled" => &["cancelling_at", "cancelled_at"],
+        _ => &[],
+    };
     let object = &mut batch.object;
-    let stamp = |object: &mut Value, field: &str| {
-        if object[field].is_null() {
-            object[field] = json!(now);
-        }
-    };
     object["status"] = json!(stage);
-    match stage {
-        "in_progress" | "finalizing" | "completed" => stamp(object, "in_progress_at"),
-        "cancelling" | "cancelled" => stamp(object, "cancelling_at"),
-        _ => {}
-    }
-    if stage == "finalizing" || stage == "completed" {
-        stamp(object, "finalizing_at");
-    }
-    let total = batch.lines.len();
-    let completed = match batch.cancelled {
-        Some((_, at)) => (total as f64 * at) as usize,
-        None => (total as f64 * done) as usize,
-    };
-    object["request_counts"]["completed"] = json!(completed.min(total));
-    if matches!(stage, "completed" | "cancelled") {
-        stamp(
-            object,
-            if stage == "completed" {
-                "completed_at"
-            } else {
-                "cancelled_at"
-            },
-        );
-        let limit = if stage == "completed" {
-            total
-        } else {
-            completed
-        };
-        let lines: Vec<Value> = batch.lines.iter().take(limit).cloned().collect();
-        batch.finished = true;
-        let object = batch.object.clone();
-        let (output, errors, failed) = run_lines(shared, &lines);
-        let mut object = object;
-        object["request_counts"] =
-            json!({"total": total, "completed": lines.len() - failed, "failed": failed});
-        if !output.is_empty() {
-            object["output_file_id"] = json!(keep_file(holdings, id, "batch_output", output));
+    for field in stamps {
+        if object[*field].is_null() {
+            object[*field] = json!(now);
         }
-        if !errors.is_empty() {
-            object["error_file_id"] = json!(keep_file(holdings, id, "batch_error", errors));
-        }
-        if let Some(batch) = holdings.batches.get_mut(id) {
-            batch.object = object.clone();
-        }
-        return Some(object);
     }
-    Some(batch.object.clone())
+    let total = batch.lines.len() as f64;
+    let share = batch.cancelled.map_or(done, |(_, at)| at);
+    object["request_counts"]["completed"] = json!((total * share) as u64);
+    stage
 }
 
 fn keep_file(holdings: &mut Holdings, batch: &str, purpose: &str, content: Vec<u8>) -> String {

@@ -61,45 +61,22 @@ pub async fn create(
     served: &mut Served,
 ) -> Result<Response<Body>, GatewayError> {
     let order = order(body)?;
-    let tenant = tenant_of(caller);
-    let file = ledger::find_file(runtime, tenant, &order.input_file_id).await?;
-    if file.purpose != "batch" {
-        return Err(GatewayError::InvalidRequest(format!(
-            "the file {} is not a batch input file",
-            file.id
-        )));
-    }
-    let text = ledger::content(runtime, tenant, &file.id).await?;
+    let (file, input) = read_input(runtime, caller, &order).await?;
     let snapshot = &runtime.snapshot;
-    let input = input::read(&text, &snapshot.batch)?;
-    if input::operation_of(&order.endpoint) != Some(input.operation) {
-        return Err(GatewayError::InvalidRequest(format!(
-            "the endpoint {:?} is not the url of the file's lines",
-            order.endpoint
-        )));
-    }
     let (alias, _) = resolve(snapshot, &input.alias, caller.tenant)?;
     let counted = quotas(&caller.tenant.limits).is_some() || quotas(&caller.key.limits).is_some();
     let estimator = counted.then(|| admission::estimator(alias, &input.alias));
-    let (prompt, completion) =
-        input::estimate(&input, estimator, snapshot.routing.default_max_tokens).await;
-    let reservation = hold(
-        runtime,
-        caller,
-        alias,
-        prompt,
-        completion,
-        input.lines.len(),
-    )
-    .await?;
+    let default_max_tokens = snapshot.routing.default_max_tokens;
+    let (prompt, completion) = input::estimate(&input, estimator, default_max_tokens).await;
+    let lines = input.lines.len();
+    let reservation = hold(runtime, caller, alias, prompt, completion, lines).await?;
     let placing = Placing {
         runtime,
         input: &input,
         file: &file,
         order: &order,
     };
-    let placed = placing.place(alias, caller, served).await;
-    let (candidate, upload, batch) = match placed {
+    let placed = match placing.place(alias, caller, served).await {
         Ok(placed) => placed,
         Err(refusal) => {
             if let Some(reservation) = &reservation {
@@ -108,35 +85,85 @@ pub async fn create(
             return refusal.answer(runtime, dialect);
         }
     };
-    let backend = snapshot.backends.get(candidate.backend);
     let record = BatchRecord {
-        id: new_id("batch_"),
         key_id: caller.key.id.to_string(),
         alias: input.alias.clone(),
-        endpoint: order.endpoint,
-        input_file_id: file.id,
-        created_at: now_s(),
-        backend: backend.map(|b| b.name.to_string()).unwrap_or_default(),
-        deployment: candidate.deployment.to_string(),
-        upstream_id: batch["id"].as_str().unwrap_or_default().to_owned(),
-        upstream_input_file: upload,
-        upstream: batch,
-        output_file_id: None,
-        error_file_id: None,
-        lines: input.lines.len() as u64,
+        lines: lines as u64,
         estimated_tokens: prompt + completion,
         reservation: reservation.as_ref().map(Held::of),
         attempts: served.trail.header(),
-        settled: false,
+        ..placed.record(runtime, order.endpoint, file.id)
     };
-    ledger::keep_batch(runtime, tenant, &record).await?;
+    open(runtime, tenant_of(caller), &record).await?;
+    Ok(json(StatusCode::OK, &objects::batch(&record)))
+}
+
+/// The caller's input file the order names, read and checked again, and its lines.
+async fn read_input(
+    runtime: &Runtime,
+    caller: &Caller<'_>,
+    order: &Order,
+) -> Result<(FileRecord, Input), GatewayError> {
+    let tenant = tenant_of(caller);
+    let file = ledger::find_file(runtime, tenant, &order.input_file_id).await?;
+    if file.purpose != "batch" {
+        let message = format!("the file {} is not a batch input file", file.id);
+        return Err(GatewayError::InvalidRequest(message));
+    }
+    let text = ledger::content(runtime, tenant, &file.id).await?;
+    let input = input::read(&text, &runtime.snapshot.batch)?;
+    if input::operation_of(&order.endpoint) != Some(input.operation) {
+        return Err(GatewayError::InvalidRequest(format!(
+            "the endpoint {:?} is not the url of the file's lines",
+            order.endpoint
+        )));
+    }
+    Ok((file, input))
+}
+
+/// Keeps the new batch and puts it on the open list the poller follows.
+async fn open(runtime: &Runtime, tenant: &str, record: &BatchRecord) -> Result<(), GatewayError> {
+    ledger::keep_batch(runtime, tenant, record).await?;
     runtime.metrics.batch_placed(record.estimated_tokens);
     let state = &runtime.state;
     state
         .keep(ledger::OPEN, &record.id, tenant)
         .await
-        .map_err(|_| GatewayError::StateUnavailable)?;
-    Ok(json(StatusCode::OK, &objects::batch(&record)))
+        .map_err(|_| GatewayError::StateUnavailable)
+}
+
+/// Where a batch went: the candidate that took it, its upload's id there, its batch object.
+struct Placed {
+    candidate: Candidate,
+    upload: String,
+    batch: Value,
+}
+
+impl Placed {
+    /// A new record of the batch, with what its placement decided; the caller fills in the rest.
+    fn record(self, runtime: &Runtime, endpoint: String, input_file_id: String) -> BatchRecord {
+        let backend = runtime.snapshot.backends.get(self.candidate.backend);
+        BatchRecord {
+            id: new_id("batch_"),
+            key_id: String::new(),
+            alias: String::new(),
+            endpoint,
+            input_file_id,
+            created_at: now_s(),
+            backend: backend.map(|b| b.name.to_string()).unwrap_or_default(),
+            deployment: self.candidate.deployment.to_string(),
+            upstream_id: self.batch["id"].as_str().unwrap_or_default().to_owned(),
+            upstream_input_file: self.upload,
+            upstream: self.batch,
+            output_file_id: None,
+            error_file_id: None,
+            lines: 0,
+            estimated_tokens: 0,
+            reservation: None,
+            attempts: String::new(),
+            settled: false,
+        }
+    }
 }
 
 /// Why no backend took the batch.
@@ -167,13 +194,13 @@ struct Placing<'a> {
 }
 
 impl Placing<'_> {
-    /// The candidate that took the batch, the file id it gave the upload, and its batch object.
+    /// Where the batch went, or why it went nowhere.
     async fn place(
         &self,
         alias: &Alias,
         caller: &Caller<'_>,
         served: &mut Served,
-    ) -> Result<(Candidate, String, Value), Refused> {
+    ) -> Result<Placed, Refused> {
         let runtime = self.runtime;
         let plan = router::plan_batch(
             runtime,
@@ -203,7 +230,11 @@ impl Placing<'_> {
                         .trail
                         .attempts
                         .push((holder.backend.name.clone(), "200".into()));
-                    return Ok((candidate, upload, batch));
+                    return Ok(Placed {
+                        candidate,
+                        upload,
+                        batch,
+                    });
                 }
                 Err(Attempted::Elsewhere(outcome, _)) => {
                     served

@@ -79,7 +79,7 @@ pub async fn serve(
             create::create(runtime, &caller, dialect, &body, served).await
         }
         Resource::ListBatches => ledger::list_batches(runtime, &caller, query.as_deref()).await,
-        Resource::Batch(id) => settle::batch(runtime, &caller, &id, dialect, served).await,
+        Resource::Batch(id) => settle::batch(runtime, &caller, &id, served).await,
         Resource::CancelBatch(id) => settle::cancel(runtime, &caller, &id, dialect, served).await,
     }
 }

@@ -40,7 +40,6 @@ pub async fn batch(
     runtime: &Runtime,
     caller: &Caller<'_>,
     id: &str,
-    _dialect: Dialect,
     served: &mut Served,
 ) -> Result<Response<Body>, GatewayError> {
     let tenant = tenant_of(caller);
@@ -168,7 +167,7 @@ async fn adopt(
         return Ok(None);
     };
     let file = FileRecord {
-        id: super::new_id("file-"),
+        id: derived_id(&record.id, purpose),
         filename: format!(
             "{}_{}.jsonl",
             record.id,
@@ -181,6 +180,14 @@ async fn adopt(
     };
     ledger::keep_file(runtime, tenant, &file).await?;
     Ok(Some(file.id))
+}
+
+/// The gateway id of a batch's output or error file: the same on every instance and every
+/// read, so two that adopt it at once keep one file.
+fn derived_id(batch: &str, purpose: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest([batch, ":", purpose].concat().as_bytes());
+    format!("file-{}", &hex::encode(digest)[..24])
 }
 
 /// What an output file says the batch used.
