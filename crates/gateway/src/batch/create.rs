@@ -224,29 +224,22 @@ impl Placing<'_> {
                 continue;
             };
             served.backend = Some(candidate.backend);
+            let name = holder.backend.name.clone();
             match self.try_on(&holder, &candidate.deployment).await {
                 Ok((upload, batch)) => {
-                    served
-                        .trail
-                        .attempts
-                        .push((holder.backend.name.clone(), "200".into()));
-                    return Ok(Placed {
+                    served.trail.attempts.push((name, "200".into()));
+                    let placed = Placed {
                         candidate,
                         upload,
                         batch,
-                    });
+                    };
+                    return Ok(placed);
                 }
                 Err(Attempted::Elsewhere(outcome, _)) => {
-                    served
-                        .trail
-                        .attempts
-                        .push((holder.backend.name.clone(), outcome));
+                    served.trail.attempts.push((name, outcome))
                 }
                 Err(Attempted::Refused(failure)) => {
-                    served
-                        .trail
-                        .attempts
-                        .push((holder.backend.name.clone(), failure.label()));
+                    served.trail.attempts.push((name, failure.label()));
                     return Err(Refused::Upstream(candidate.backend, failure));
                 }
             }
