@@ -546,3 +546,34 @@ async fn a_cancelled_batch_ends_cancelled() {
         .json();
     assert_eq!(dashboard["open_batches"], json!([]));
 }
+
+#[tokio::test]
+async fn a_batch_its_backend_no_longer_has_ends_failed_and_is_polled_no_more() {
+    let h = Harness::start(vec![openai("a"), openai("b")], &two_backends("")).await;
+    let team = Caller::of(&h, KEY);
+    let file = team.upload_ok(&three_lines()).await;
+    let id = team.create(&file).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let reset = h
+        .send(
+            Method::POST,
+            format!(
+                "{}/_mock/reset",
+                h.endpoint("a").url().trim_end_matches("/v1")
+            ),
+            &[],
+            Bytes::new(),
+        )
+        .await;
+    assert_eq!(reset.status, 200, "{}", reset.body);
+    let ended = team.until_ended(&id).await;
+    assert_eq!(ended["status"], "failed", "{ended}");
+    assert_eq!(ended["errors"]["data"][0]["code"], "batch_lost");
+    let dashboard = h
+        .admin_get("/admin/dashboard", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    assert_eq!(dashboard["open_batches"], json!([]));
+}

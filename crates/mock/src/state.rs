@@ -189,6 +189,7 @@ impl Shared {
         lock(&self.overrides).clear();
         lock(&self.prompt_cache).clear();
         *lock(&self.last_request) = None;
+        *lock(&self.batches) = crate::batch::Holdings::default();
         for d in &self.deployments {
             *lock(&d.window) = Window::default();
         }

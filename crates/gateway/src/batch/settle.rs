@@ -24,6 +24,7 @@ use crate::pipeline::passthrough;
 use crate::reload::Live;
 use crate::runtime::Runtime;
 use crate::surface::Dialect;
+use crate::upstream::Failure;
 
 /// The states a batch does not leave.
 const ENDED: &[&str] = &["completed", "failed", "expired", "cancelled"];
@@ -124,6 +125,10 @@ async fn refresh(runtime: &Runtime, tenant: &str, record: &mut BatchRecord) {
     match holder.batch(&record.upstream_id).await {
         Ok(batch) if batch.is_object() => record.upstream = batch,
         Ok(_) => return,
+        // Gone from its backend (deleted, or past the backend's retention): it has ended there.
+        Err(Failure::Status { status, .. }) if status == StatusCode::NOT_FOUND => {
+            lost(record);
+        }
         Err(failure) => {
             tracing::debug!(batch = %record.id, backend = holder.name(), detail = failure.detail(), "an open batch could not be read");
             return;
@@ -132,6 +137,16 @@ async fn refresh(runtime: &Runtime, tenant: &str, record: &mut BatchRecord) {
     if let Err(error) = learn(runtime, tenant, record).await {
         tracing::warn!(batch = %record.id, %error, "a batch's new state was not kept");
     }
+}
+
+/// Marks a batch its backend no longer has as failed, so it is settled and polled no more.
+fn lost(record: &mut BatchRecord) {
+    record.upstream["status"] = Value::from("failed");
+    record.upstream["failed_at"] = Value::from(now_s());
+    record.upstream["errors"] = serde_json::json!({"object": "list", "data": [{
+        "code": "batch_lost", "message": "the backend that held this batch no longer has it",
+        "line": null, "param": null,
+    }]});
 }
 
 /// Keeps what the backend's latest batch object says: its output and error files as the
