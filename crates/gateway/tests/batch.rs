@@ -577,3 +577,45 @@ async fn a_batch_its_backend_no_longer_has_ends_failed_and_is_polled_no_more() {
         .json();
     assert_eq!(dashboard["open_batches"], json!([]));
 }
+
+#[tokio::test]
+async fn a_held_batch_leaves_its_tenants_minute_free_for_synchronous_calls() {
+    minute_stays_free("").await;
+}
+
+#[tokio::test]
+async fn a_held_batch_leaves_the_minute_free_in_redis_too() {
+    minute_stays_free(&shared_state("batch-minute")).await;
+}
+
+/// A batch that reserves more than the tenant's tpm is held against its day only.
+async fn minute_stays_free(state: &str) {
+    let tenants = format!(
+        "tenants:\n  - name: team\n    keys: [{{ id: team-key, sha256: {} }}]\n    limits: {{ tokens_per_day: 100000, tpm: 50 }}\n",
+        key_hash(KEY)
+    );
+    let h = Harness::start(
+        vec![openai("a"), openai("b")],
+        &format!("{}{tenants}", two_backends(state)),
+    )
+    .await;
+    let team = Caller::of(&h, KEY);
+    let file = team.upload_ok(&three_lines()).await;
+    let created = team.create(&file).await;
+    assert_eq!(created.status, 200, "{}", created.body);
+    let chat = json!({"model": "chat", "max_tokens": 5, "messages": [{"role": "user", "content": "Hello"}]});
+    let answer = h.post("/v1/chat/completions", chat).await;
+    assert_eq!(
+        answer.status, 200,
+        "the batch's 60+ tokens are not in the 50-token minute: {}",
+        answer.body
+    );
+    let view = h
+        .admin_get("/admin/tenants", Some(ADMIN_TOKEN))
+        .await
+        .json();
+    let day = view["tenants"][0]["limits"]["tokens_per_day"]["used"]
+        .as_u64()
+        .unwrap();
+    assert!(day >= 60, "the batch stays held against the day: {view}");
+}

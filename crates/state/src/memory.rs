@@ -807,6 +807,40 @@ mod tests {
     }
 
     #[test]
+    fn a_charge_held_for_later_leaves_the_minute_and_settles_in_its_day() {
+        // 2026-12-02: the day and month of a real clock, never 1970's first.
+        const NOW: u64 = 1_796_169_600_000;
+        let (state, clock) = clocked(NOW);
+        let keys = [MeterKey::tenant("t")];
+        let Verdict::Admitted(held) = state.admit_now(&ask(None, None, 80)) else {
+            panic!("no limits refuse");
+        };
+        let nothing = Settlement {
+            tokens: 0,
+            micro_usd: 0,
+            release: true,
+        };
+        state.settle_now(&held.minute_part(), nothing);
+        let usage = &state.usage_now(&keys)[0];
+        assert_eq!(
+            (usage.tokens, usage.day_tokens, usage.in_flight),
+            (0, 80, 0)
+        );
+        clock.store(NOW + 30_000, Ordering::Relaxed);
+        let Verdict::Admitted(_) = state.admit_now(&ask(None, None, 5)) else {
+            panic!("no limits refuse");
+        };
+        let measured = Settlement {
+            tokens: 50,
+            micro_usd: 0,
+            release: false,
+        };
+        state.settle_now(&held.period_part(), measured);
+        let usage = &state.usage_now(&keys)[0];
+        assert_eq!((usage.tokens, usage.day_tokens), (5, 55));
+    }
+
+    #[test]
     fn an_ask_is_charged_to_every_meter_only_when_all_have_room() {
         let (state, clock) = clocked(100_000);
         let Verdict::Admitted(first) = state.admit_now(&ask(Some(2), Some(100), 60)) else {

@@ -429,13 +429,14 @@ async fn hold(
         .map_err(|_| GatewayError::StateUnavailable)?
     {
         Verdict::Admitted(reservation) => {
-            // Nothing of a batch is in flight here: only its charge stays, until it ends.
-            let settlement = Settlement {
-                tokens: reservation.tokens,
-                micro_usd: reservation.micro_usd,
+            // Nothing of a batch is in flight or in this minute: only its period charge stays,
+            // until it ends.
+            let nothing = Settlement {
+                tokens: 0,
+                micro_usd: 0,
                 release: true,
             };
-            state.settle(&reservation, settlement).await;
+            state.settle(&reservation.minute_part(), nothing).await;
             Ok(Some(reservation))
         }
         Verdict::Refused(refusal) => Err(over_quota(caller, &refusal, prompt, completion, lines)),
@@ -480,5 +481,5 @@ async fn release(runtime: &Runtime, reservation: &Reservation) {
         micro_usd: 0,
         release: false,
     };
-    state.settle(reservation, nothing).await;
+    state.settle(&reservation.period_part(), nothing).await;
 }

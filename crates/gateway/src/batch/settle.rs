@@ -268,7 +268,9 @@ async fn settle(
             micro_usd: (usage.cost_usd * 1e6).ceil() as u64,
             release: false,
         };
-        state.settle(&held.reservation(), settlement).await;
+        state
+            .settle(&held.reservation().period_part(), settlement)
+            .await;
     }
     runtime.metrics.batch_ended(measured.input, measured.output);
     runtime.recorder.record(usage);
