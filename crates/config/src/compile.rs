@@ -9,8 +9,8 @@ use crate::read::Fields;
 use crate::tenants::Known;
 use crate::tree::Node;
 use crate::{
-    backends, breakers, client_auth, connections, identities, models, realtime, regions, routing,
-    service, shutdown, telemetry, tenants,
+    backends, batch, breakers, client_auth, connections, identities, models, realtime, regions,
+    routing, service, shutdown, telemetry, tenants,
 };
 
 const SECTIONS: &[&str] = &[
@@ -32,6 +32,7 @@ const SECTIONS: &[&str] = &[
     "tenants",
     "telemetry",
     "shutdown",
+    "batch",
 ];
 
 /// Compile the whole tree. Problems go to `p`; when there are any the snapshot is incomplete and
@@ -92,6 +93,7 @@ pub(crate) fn snapshot(
         },
         telemetry: telemetry::telemetry(f.get("telemetry"), p),
         shutdown: shutdown::shutdown(f.get("shutdown"), p),
+        batch: batch::batch(f.get("batch"), p),
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod model;
 
 mod backends;
+mod batch;
 mod breakers;
 mod client_auth;
 mod compile;

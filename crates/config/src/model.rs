@@ -79,6 +79,19 @@ pub struct Snapshot {
     pub telemetry: Telemetry,
     /// How a stop drains: read when the signal comes, so a reload changes it.
     pub shutdown: Shutdown,
+    /// The files and batches surface: how often open batches are polled, how large a file may be.
+    pub batch: BatchSettings,
+}
+
+/// The `batch` section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// How often the backends holding open batches are asked how they stand.
+    pub poll_interval: Duration,
+    /// An uploaded batch input file larger than this is refused (400).
+    pub max_file_bytes: u64,
+    /// A batch input file with more lines than this is refused (400).
+    pub max_lines: u64,
 }
 
 /// The `shutdown` section: after SIGTERM the listeners go on accepting for `drain_delay` (with
@@ -419,6 +432,30 @@ pub struct BreakerPolicy {
 pub struct Price {
     pub input_per_1m: f64,
     pub output_per_1m: f64,
+    /// What the same tokens cost through the batch API; half the normal price unless written.
+    pub batch_input_per_1m: f64,
+    pub batch_output_per_1m: f64,
+}
+
+impl Price {
+    /// The synchronous price of a target, with batch prices at half of it.
+    pub fn new(input_per_1m: f64, output_per_1m: f64) -> Price {
+        Price {
+            input_per_1m,
+            output_per_1m,
+            batch_input_per_1m: input_per_1m / 2.0,
+            batch_output_per_1m: output_per_1m / 2.0,
+        }
+    }
+
+    /// The batch prices as a price of their own, for the code that prices batch usage.
+    pub fn for_batches(&self) -> Price {
+        Price {
+            input_per_1m: self.batch_input_per_1m,
+            output_per_1m: self.batch_output_per_1m,
+            ..*self
+        }
+    }
 }
 
 /// One (backend, deployment or model) entry of an alias.
@@ -434,6 +471,8 @@ pub struct Target {
     pub weight: u32,
     pub price: Option<Price>,
     pub accepts_prefill: bool,
+    /// A batch deployment (Azure global batch): it takes batches only, never synchronous calls.
+    pub batch: bool,
 }
 
 #[derive(Debug, Clone)]

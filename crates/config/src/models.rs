@@ -29,6 +29,7 @@ const TARGET_KEYS: &[&str] = &[
     "weight",
     "price",
     "accepts_prefill",
+    "batch",
 ];
 
 pub(crate) struct Models {
@@ -140,6 +141,7 @@ fn target_entry(
     let weight = f.int32("weight", 1, p).unwrap_or(1);
     let price = f.get("price").and_then(|n| price(n, p));
     let accepts_prefill = f.bool("accepts_prefill", p).unwrap_or(false);
+    let batch = f.bool("batch", p).unwrap_or(false);
 
     let names: Vec<&Node> = match (f.has("backend"), f.has("backends")) {
         (true, true) => {
@@ -183,6 +185,7 @@ fn target_entry(
         weight,
         price,
         accepts_prefill,
+        batch,
     };
     resolved
         .into_iter()
@@ -213,18 +216,33 @@ fn deployment(f: &Fields, wildcard: bool, p: &mut Problems) -> Result<Option<Arc
     }
 }
 
+const PRICE_KEYS: &[&str] = &[
+    "input_per_1m",
+    "output_per_1m",
+    "batch_input_per_1m",
+    "batch_output_per_1m",
+];
+
+/// A price; the batch prices default to half the synchronous ones.
 fn price(node: &Node, p: &mut Problems) -> Option<Price> {
-    let f = Fields::new(node, &["input_per_1m", "output_per_1m"], p);
+    let f = Fields::new(node, PRICE_KEYS, p);
     let input = f
         .required("input_per_1m", p)
         .and_then(|n| read::non_negative(n, p));
     let output = f
         .required("output_per_1m", p)
         .and_then(|n| read::non_negative(n, p));
-    Some(Price {
-        input_per_1m: input?,
-        output_per_1m: output?,
-    })
+    let mut batch = |key: &str| f.get(key).map(|n| read::non_negative(n, p).ok_or(()));
+    let batch_input = batch("batch_input_per_1m");
+    let batch_output = batch("batch_output_per_1m");
+    let mut price = Price::new(input?, output?);
+    if let Some(value) = batch_input {
+        price.batch_input_per_1m = value.ok()?;
+    }
+    if let Some(value) = batch_output {
+        price.batch_output_per_1m = value.ok()?;
+    }
+    Some(price)
 }
 
 #[cfg(test)]
@@ -290,6 +308,25 @@ mod tests {
         assert_eq!(chat.targets[1].price.unwrap().input_per_1m, 2.5);
         assert_eq!(chat.targets[1].price, chat.price);
         assert!(s.aliases[1].targets[0].price.is_none());
+    }
+
+    #[test]
+    fn batch_prices_are_half_unless_written() {
+        let s = compile(&with_backends(
+            "models:
+  - name: chat
+    price: { input_per_1m: 2.5, output_per_1m: 10, batch_output_per_1m: 4 }
+    targets:
+      - { backend: a, deployment: gpt-4o-batch, batch: true }
+",
+        ));
+        let target = &s.aliases[0].targets[0];
+        let price = target.price.unwrap();
+        assert_eq!(
+            (price.batch_input_per_1m, price.batch_output_per_1m),
+            (1.25, 4.0)
+        );
+        assert!(target.batch);
     }
 
     #[test]

@@ -238,7 +238,7 @@ models:
         problems(text),
         [
             "onedoor.yaml:2:1: unknown key \"admni\" (expected one of: listen, max_request_body, \
-             max_connections, client_timeouts, admin, state, usage, routing, realtime, regions, identities, backends, circuit_breakers, models, client_auth, tenants, telemetry, shutdown)",
+             max_connections, client_timeouts, admin, state, usage, routing, realtime, regions, identities, backends, circuit_breakers, models, client_auth, tenants, telemetry, shutdown, batch)",
             "onedoor.yaml:5:17: expected an integer, found \"many\"",
             "onedoor.yaml:6:19: expected a duration like \"30s\", found \"soon\"",
             "onedoor.yaml:12:14: environment variable MISSING_KEY is not set",

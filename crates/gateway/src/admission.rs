@@ -665,10 +665,7 @@ mod tests {
 
     #[test]
     fn cost_is_price_per_million_times_tokens_in_millionths_of_a_dollar() {
-        let price = Price {
-            input_per_1m: 2.5,
-            output_per_1m: 10.0,
-        };
+        let price = Price::new(2.5, 10.0);
         assert_eq!(micro_usd(Some(&price), 1000, 100), 3500);
         assert_eq!(micro_usd(None, 1000, 100), 0);
         assert_eq!(seconds(Duration::from_millis(59_001)), "60s");

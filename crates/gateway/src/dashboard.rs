@@ -77,5 +77,6 @@ pub async fn data(runtime: &Runtime) -> serde_json::Value {
             "points": points,
         },
         "errors": errors,
+        "open_batches": crate::batch::open_batches(runtime).await,
     })
 }

@@ -20,6 +20,9 @@ pub enum GatewayError {
     InvalidRequest(String),
     #[error("{0}")]
     NotFound(String),
+    /// A file or batch id the caller's tenant does not hold (another tenant's looks the same).
+    #[error("{0}")]
+    NoSuchObject(String),
     #[error("{0}")]
     MethodNotAllowed(String),
     #[error("a valid API key is required: send it as `Authorization: Bearer KEY`, `api-key: KEY` or `x-api-key: KEY`")]
@@ -94,6 +97,7 @@ impl GatewayError {
         match self {
             GatewayError::InvalidRequest(_) => StatusCode::BAD_REQUEST,
             GatewayError::NotFound(_)
+            | GatewayError::NoSuchObject(_)
             | GatewayError::ModelNotFound(_)
             | GatewayError::ServedNowhere(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -128,6 +132,7 @@ impl GatewayError {
             | GatewayError::NotFound(_)
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::NotImplemented(_) => "invalid_request",
+            GatewayError::NoSuchObject(_) => "object_not_found",
             GatewayError::MissingKey | GatewayError::UnknownKey => "invalid_api_key",
             GatewayError::InvalidToken(_) => "invalid_token",
             GatewayError::ModelNotAllowed(_) => "model_not_allowed",

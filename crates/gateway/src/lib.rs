@@ -9,6 +9,7 @@ mod admission;
 mod affinity;
 mod attempt;
 mod auth;
+mod batch;
 pub mod body;
 mod boxing;
 mod breaker;
@@ -302,7 +303,8 @@ fn launch(
     ));
     let activity = live.current().metrics.activity.clone();
     let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));
-    let mut tasks = vec![sampler];
+    let batches = tokio::spawn(batch::poll(live.clone(), watcher.clone()));
+    let mut tasks = vec![sampler, batches];
     if let Some(seen) = seen {
         tasks.push(tokio::spawn(reload::watch_file(
             live.clone(),

@@ -93,6 +93,16 @@ struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabel {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PurposeLabel {
+    purpose: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
 }
@@ -140,6 +150,9 @@ pub struct Metrics {
     tenant_in_flight: Family<TenantLabel, Gauge>,
     transitions: Family<TransitionLabels, Counter>,
     malformed: Family<BackendLabels, Counter>,
+    batches: Family<StatusLabel, Gauge>,
+    batch_files: Family<PurposeLabel, Gauge>,
+    batch_tokens: Family<KindLabel, Counter>,
     /// The same answers, tokens and cost as totals over time, for the dashboard.
     pub activity: std::sync::Arc<crate::activity::Activity>,
     /// Tells this gateway's metrics from another's in a thread's [`recent`] series.
@@ -185,6 +198,9 @@ impl Metrics {
             tenant_in_flight: Family::default(),
             transitions: Family::default(),
             malformed: Family::default(),
+            batches: Family::default(),
+            batch_files: Family::default(),
+            batch_tokens: Family::default(),
             activity: std::sync::Arc::default(),
             registry: Registry::default(),
             process: Registry::default(),
@@ -279,6 +295,21 @@ impl Metrics {
             "stream_events_dropped",
             "Malformed upstream stream events dropped (never forwarded), by backend",
             m.malformed.clone(),
+        );
+        r.register(
+            "batches",
+            "Batches the tenants hold, by status as last seen (validating, in_progress, finalizing, completed, failed, expired, cancelling, cancelled)",
+            m.batches.clone(),
+        );
+        r.register(
+            "batch_files",
+            "Files the tenants hold, by purpose (batch, batch_output, batch_error)",
+            m.batch_files.clone(),
+        );
+        r.register(
+            "batch_tokens",
+            "Batch tokens by kind: estimated (held at creation), input and output (measured when a batch ends), counted by the instance that saw it",
+            m.batch_tokens.clone(),
         );
         let mut process = Registry::default();
         process.register_collector(Box::new(metrics.process_reading.clone()));
@@ -451,6 +482,21 @@ impl Metrics {
     }
 
     /// A config reload, applied or refused.
+    /// A batch was placed with `estimated` tokens held.
+    pub fn batch_placed(&self, estimated: u64) {
+        let kind = KindLabel { kind: "estimated" };
+        self.batch_tokens.get_or_create(&kind).inc_by(estimated);
+    }
+
+    /// A batch ended, having used these tokens.
+    pub fn batch_ended(&self, input: u64, output: u64) {
+        for (kind, tokens) in [("input", input), ("output", output)] {
+            self.batch_tokens
+                .get_or_create(&KindLabel { kind })
+                .inc_by(tokens);
+        }
+    }
+
     pub fn reloaded(&self, applied: bool) {
         let outcome = if applied { "applied" } else { "refused" };
         self.reloads.get_or_create(&OutcomeLabel { outcome }).inc();
@@ -517,6 +563,41 @@ impl Metrics {
         if let Ok(entries) = runtime.state.not_served().await {
             self.not_served
                 .set(i64::try_from(entries.len()).unwrap_or(i64::MAX));
+        }
+        self.read_batches(runtime).await;
+    }
+
+    /// The tenants' batches by status and files by purpose, from the state store.
+    async fn read_batches(&self, runtime: &Runtime) {
+        let Some(census) = crate::batch::census(runtime).await else {
+            return;
+        };
+        let known = [
+            "validating",
+            "in_progress",
+            "finalizing",
+            "completed",
+            "failed",
+            "expired",
+            "cancelling",
+            "cancelled",
+        ];
+        for status in known
+            .iter()
+            .map(|s| s.to_string())
+            .chain(census.batches.keys().cloned())
+        {
+            let count = census.batches.get(&status).copied().unwrap_or(0);
+            self.batches
+                .get_or_create(&StatusLabel { status })
+                .set(count);
+        }
+        for purpose in ["batch", "batch_output", "batch_error"] {
+            let count = census.files.get(purpose).copied().unwrap_or(0);
+            let labels = PurposeLabel {
+                purpose: purpose.to_owned(),
+            };
+            self.batch_files.get_or_create(&labels).set(count);
         }
     }
 

@@ -208,6 +208,14 @@ async fn serve(
             let caller = auth::identify(runtime, request.headers()).await?;
             Ok(models(snapshot, caller.tenant))
         }
+        Route::Batch(resource, dialect) => {
+            let mut served = crate::batch::Served::default();
+            let answer = crate::batch::serve(runtime, request, resource, dialect, &mut served);
+            let answer = Box::pin(answer).await;
+            exchange.trail.attempts = served.trail.attempts;
+            exchange.backend = served.backend;
+            answer
+        }
         Route::Realtime(path) => {
             let attempts = exchange.trail.spans.take();
             let opening = realtime::open(runtime, request, path, id, &mut exchange.span, attempts);

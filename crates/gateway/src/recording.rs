@@ -258,7 +258,7 @@ impl Pending {
 }
 
 /// The alias a requested name resolved to (the `"*"` alias for names it discovered).
-fn alias_of<'s>(snapshot: &'s Snapshot, name: &str) -> Option<&'s Alias> {
+pub(crate) fn alias_of<'s>(snapshot: &'s Snapshot, name: &str) -> Option<&'s Alias> {
     match snapshot.alias_by_name.get(name) {
         Some(&index) => snapshot.aliases.get(index),
         None => snapshot.wildcard.as_ref(),

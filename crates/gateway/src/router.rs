@@ -73,7 +73,37 @@ pub async fn plan(
     tenant: &Tenant,
     operation: Operation,
 ) -> Result<Plan, Unavailable> {
-    let opening = open(runtime, alias, requested, tenant, operation);
+    plan_for(runtime, alias, requested, tenant, operation, Use::Call).await
+}
+
+/// [`plan`] for a batch: on an alias with batch deployments (`batch: true` targets), only
+/// those; otherwise every target whose backend has a batch API.
+pub async fn plan_batch(
+    runtime: &Runtime,
+    alias: &Alias,
+    requested: &str,
+    tenant: &Tenant,
+    operation: Operation,
+) -> Result<Plan, Unavailable> {
+    plan_for(runtime, alias, requested, tenant, operation, Use::Batch).await
+}
+
+/// What the targets are asked for: a call now, or a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Use {
+    Call,
+    Batch,
+}
+
+async fn plan_for(
+    runtime: &Runtime,
+    alias: &Alias,
+    requested: &str,
+    tenant: &Tenant,
+    operation: Operation,
+    purpose: Use,
+) -> Result<Plan, Unavailable> {
+    let opening = open(runtime, alias, requested, tenant, operation, purpose);
     if opening.open.is_empty() {
         return Ok(opening.plan);
     }
@@ -96,7 +126,7 @@ pub async fn plan_admitting(
     tenant: &Tenant,
     operation: Operation,
 ) -> (Result<Verdict, Unavailable>, Result<Plan, Unavailable>) {
-    let opening = open(runtime, alias, requested, tenant, operation);
+    let opening = open(runtime, alias, requested, tenant, operation, Use::Call);
     if opening.open.is_empty() {
         return (runtime.state.admit(ask).await, Ok(opening.plan));
     }
@@ -124,8 +154,10 @@ fn open(
     requested: &str,
     tenant: &Tenant,
     operation: Operation,
+    purpose: Use,
 ) -> Opening {
     let snapshot = &runtime.snapshot;
+    let batch_deployments = alias.targets.iter().any(|t| t.batch);
     let mut plan = Plan {
         candidates: Vec::with_capacity(alias.targets.len()),
         excluded: Vec::new(),
@@ -149,7 +181,9 @@ fn open(
         };
         let exclusion = if !tenant.may_reach(&backend.region) {
             Some(Excluded::Region)
-        } else if !provider::supports(backend, operation) {
+        } else if !provider::supports(backend, operation)
+            || !serves(target, backend, purpose, batch_deployments)
+        {
             Some(Excluded::Unsupported)
         } else {
             runtime.fleet.exclusion(target.backend)
@@ -160,6 +194,20 @@ fn open(
         }
     }
     Opening { plan, open }
+}
+
+/// Whether `target` takes this use: a batch deployment takes batches only, and where an alias
+/// has batch deployments its batches go to them alone.
+fn serves(
+    target: &onedoor_config::Target,
+    backend: &onedoor_config::Backend,
+    purpose: Use,
+    batch_deployments: bool,
+) -> bool {
+    match purpose {
+        Use::Call => !target.batch,
+        Use::Batch => crate::batch::takes_batches(backend) && (target.batch || !batch_deployments),
+    }
 }
 
 impl Opening {

@@ -59,6 +59,8 @@ pub enum Route {
     Models,
     /// A realtime WebSocket handshake.
     Realtime(RealtimePath),
+    /// The files and batches surface, in the caller's dialect.
+    Batch(crate::batch::Resource, Dialect),
     Healthz,
     Readyz,
 }
@@ -81,6 +83,13 @@ pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
         ["v1", "realtime"] => (Route::Realtime(RealtimePath::OpenAi), Method::GET),
         ["openai", "realtime"] => (Route::Realtime(RealtimePath::Azure), Method::GET),
         ["openai", "v1", "realtime"] => (Route::Realtime(RealtimePath::AzureV1), Method::GET),
+        ["v1", kind @ ("files" | "batches"), rest @ ..] => {
+            return batch_route(method, Dialect::OpenAi, kind, rest, path)
+        }
+        ["openai", "v1", kind @ ("files" | "batches"), rest @ ..]
+        | ["openai", kind @ ("files" | "batches"), rest @ ..] => {
+            return batch_route(method, Dialect::Azure, kind, rest, path)
+        }
         ["v1", rest @ ..] => (
             call(rest, Dialect::OpenAi, AliasSource::Body, path)?,
             Method::POST,
@@ -101,6 +110,36 @@ pub fn route(method: &Method, path: &str) -> Result<Route, GatewayError> {
         )));
     }
     Ok(route)
+}
+
+/// A files or batches path: each resource takes its own methods.
+fn batch_route(
+    method: &Method,
+    dialect: Dialect,
+    kind: &str,
+    rest: &[&str],
+    path: &str,
+) -> Result<Route, GatewayError> {
+    use crate::batch::Resource;
+    let id = |id: &str| percent_decode(id, Encoded::Path);
+    let resource = match (kind, rest, method.as_str()) {
+        ("files", [], "POST") => Resource::UploadFile,
+        ("files", [], "GET") => Resource::ListFiles,
+        ("files", [file], "GET") => Resource::File(id(file)),
+        ("files", [file], "DELETE") => Resource::DeleteFile(id(file)),
+        ("files", [file, "content"], "GET") => Resource::FileContent(id(file)),
+        ("batches", [], "POST") => Resource::CreateBatch,
+        ("batches", [], "GET") => Resource::ListBatches,
+        ("batches", [batch], "GET") => Resource::Batch(id(batch)),
+        ("batches", [batch, "cancel"], "POST") => Resource::CancelBatch(id(batch)),
+        ("files", [] | [_] | [_, "content"], _) | ("batches", [] | [_] | [_, "cancel"], _) => {
+            return Err(GatewayError::MethodNotAllowed(format!(
+                "{path} does not accept {method}"
+            )))
+        }
+        _ => return Err(no_route(path)),
+    };
+    Ok(Route::Batch(resource, dialect))
 }
 
 fn call(
@@ -217,6 +256,31 @@ mod tests {
         assert!(matches!(
             route(&Method::POST, "/v1/realtime"),
             Err(GatewayError::MethodNotAllowed(_))
+        ));
+    }
+
+    #[test]
+    fn files_and_batches_have_their_routes_in_both_dialects() {
+        use crate::batch::Resource;
+        let upload = route(&Method::POST, "/v1/files").unwrap();
+        assert_eq!(upload, Route::Batch(Resource::UploadFile, Dialect::OpenAi));
+        let content = route(&Method::GET, "/openai/files/file-1/content").unwrap();
+        assert_eq!(
+            content,
+            Route::Batch(Resource::FileContent("file-1".into()), Dialect::Azure)
+        );
+        let cancel = route(&Method::POST, "/openai/v1/batches/batch_1/cancel").unwrap();
+        assert_eq!(
+            cancel,
+            Route::Batch(Resource::CancelBatch("batch_1".into()), Dialect::Azure)
+        );
+        assert!(matches!(
+            route(&Method::PUT, "/v1/batches"),
+            Err(GatewayError::MethodNotAllowed(_))
+        ));
+        assert!(matches!(
+            route(&Method::GET, "/v1/batches/b/other"),
+            Err(GatewayError::NotFound(_))
         ));
     }
 

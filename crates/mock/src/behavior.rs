@@ -47,4 +47,10 @@ pub struct Behavior {
     /// Streaming: end the stream after its content with an error event (OpenAI framing) that
     /// quotes the key the request presented, instead of its finish.
     pub echo_key_in_stream: bool,
+    /// Batches: how long one runs from creation to completed (default 2 s), on the simulated
+    /// clock that walks it through validating, in_progress and finalizing.
+    pub batch_ms: Option<u64>,
+    /// Batches: a batch whose lines' tokens (prompt plus `max_tokens`) pass this fails at
+    /// creation with Azure's `token_limit_exceeded`.
+    pub enqueued_token_limit: Option<u64>,
 }

@@ -44,6 +44,9 @@ pub async fn handle(
             Err(refusal) => realtime::refused(refusal, &kill).await,
         });
     }
+    if crate::batch::route(shared.spec.dialect, parts.uri.path()).is_some() {
+        return Ok(crate::batch::answer(&shared, &parts, &body).await);
+    }
     shared.remember_request(&parts.headers, &body);
     let watch = Watch::new(shared.counters.clone());
     Ok(Exchange::new(&shared, &parts, &body)

@@ -4,7 +4,7 @@
 //!
 //! Each endpoint listens on its own port and also serves a control surface under `/_mock/`
 //! (`GET stats`, `GET last_request`, `PUT behavior`, `PUT deployments/{d}/behavior`, `POST
-//! reset`, `POST revoke-tokens`). Azure and OpenAI endpoints also accept realtime WebSocket
+//! reset` (which also forgets its files and batches), `POST revoke-tokens`). Azure and OpenAI endpoints also accept realtime WebSocket
 //! sessions at their dialect's realtime URLs. A simulated Entra ID ([`IdentityServer`];
 //! `identity:` in the fleet YAML) issues the tokens that endpoints with an `entra_audience` take
 //! instead of a key.
@@ -13,6 +13,7 @@
 
 mod anthropic;
 mod azure;
+mod batch;
 mod behavior;
 mod control;
 mod dialect;

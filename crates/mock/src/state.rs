@@ -45,6 +45,8 @@ pub struct Shared {
     last_request: Mutex<Option<(hyper::HeaderMap, bytes::Bytes)>>,
     /// The keys of the prompt prefixes in the (Anthropic) prompt cache.
     prompt_cache: Mutex<HashSet<u64>>,
+    /// The files and batches this endpoint holds.
+    pub batches: Mutex<crate::batch::Holdings>,
 }
 
 impl Shared {
@@ -69,6 +71,7 @@ impl Shared {
             responses: Mutex::default(),
             last_request: Mutex::default(),
             prompt_cache: Mutex::default(),
+            batches: Mutex::default(),
         }
     }
 
@@ -186,6 +189,7 @@ impl Shared {
         lock(&self.overrides).clear();
         lock(&self.prompt_cache).clear();
         *lock(&self.last_request) = None;
+        *lock(&self.batches) = crate::batch::Holdings::default();
         for d in &self.deployments {
             *lock(&d.window) = Window::default();
         }

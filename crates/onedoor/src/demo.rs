@@ -18,6 +18,8 @@ use crate::{problems_text, stopped, Failure};
 /// Where the demo records usage: the gateway's default file, so `onedoor usage report` without
 /// flags reads it.
 const DEMO_USAGE_FILE: &str = "onedoor-usage.db";
+/// A batch on the simulated fleet runs from validating to completed in this long.
+const DEMO_BATCH_MS: u64 = 3_000;
 /// The simulated Entra ID's tokens live two minutes, so the gateway's refresh is seen at work.
 const DEMO_TOKEN_LIFETIME_S: u64 = 120;
 
@@ -27,6 +29,7 @@ fn lifelike() -> Behavior {
         ttft_ms: 120,
         inter_token_ms: 25,
         reply_words: Some(12),
+        batch_ms: Some(DEMO_BATCH_MS),
         ..Behavior::default()
     }
 }
@@ -35,6 +38,8 @@ fn fleet_specs() -> Vec<EndpointSpec> {
     let gpt4o = || DeploymentSpec::new("gpt-4o").model("gpt-4o-2024-11-20");
     let embed = || DeploymentSpec::new("text-embedding-3-large");
     let realtime = || DeploymentSpec::new("gpt-4o-realtime").model("gpt-4o-realtime-preview");
+    // A global batch deployment: it takes batches only.
+    let batch = || DeploymentSpec::new("gpt-4o-batch").model("gpt-4o-2024-11-20");
     vec![
         // Key authentication off, as enterprise policy has it: only the gateway's token passes.
         EndpointSpec::azure("sub1-swedencentral-ptu", "swedencentral")
@@ -45,10 +50,12 @@ fn fleet_specs() -> Vec<EndpointSpec> {
         EndpointSpec::azure("sub1-francecentral", "francecentral")
             .deployment(gpt4o())
             .deployment(DeploymentSpec::new("gpt-4o-mini").model("gpt-4o-mini-2024-07-18"))
-            .deployment(embed()),
+            .deployment(embed())
+            .deployment(batch()),
         EndpointSpec::azure("sub2-norwayeast", "norwayeast")
             .deployment(gpt4o())
-            .deployment(realtime()),
+            .deployment(realtime())
+            .deployment(batch()),
         EndpointSpec::azure("sub2-westeurope-throttled", "westeurope").deployment(gpt4o().rpm(1)),
         EndpointSpec::azure("sub3-eastus", "eastus")
             .deployment(gpt4o())
@@ -130,6 +137,7 @@ fn config_yaml(
 admin: {{ listen: 127.0.0.1:0, token: "{admin_token}" }}
 usage: {{ store: "sqlite://{DEMO_USAGE_FILE}" }}
 routing: {{ max_attempts: 4, not_served_ttl: 10m, timeouts: {{ connect: 1s, first_token: 20s }} }}
+batch: {{ poll_interval: 2s }}
 client_auth:
   jwt:
     - {{ issuer: "{issuer}", audience: "{DEFAULT_AUDIENCE}" }}
@@ -155,21 +163,31 @@ backends:
       - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2, weight: 1 }}
       - {{ backend: sub4-eastus2-down, deployment: gpt-4o, priority: 3 }}
   - name: chat-flaky
+    price: {{ input_per_1m: 2.50, output_per_1m: 10.00 }}
     targets:
       - {{ backend: sub5-westeurope-flaky, deployment: gpt-4o, priority: 1 }}
       - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2 }}
   - name: chat-resilient
     continue_cut_streams: true
+    price: {{ input_per_1m: 2.50, output_per_1m: 10.00 }}
     targets:
       - {{ backend: sub5-westeurope-flaky, deployment: gpt-4o, priority: 1 }}
       - {{ backend: sub2-norwayeast, deployment: gpt-4o, priority: 2, accepts_prefill: true }}
   - name: chat-mini
+    price: {{ input_per_1m: 0.15, output_per_1m: 0.60 }}
     targets:
       - {{ backend: sub1-francecentral, deployment: gpt-4o-mini }}
+  - name: chat-batch
+    price: {{ input_per_1m: 2.50, output_per_1m: 10.00 }}
+    targets:
+      - {{ backend: sub1-francecentral, deployment: gpt-4o-batch, priority: 1, batch: true }}
+      - {{ backend: sub2-norwayeast, deployment: gpt-4o-batch, priority: 2, batch: true }}
   - name: claude
+    price: {{ input_per_1m: 3.00, output_per_1m: 15.00 }}
     targets:
       - {{ backend: anthropic-eu, model: claude-sonnet-4-5 }}
   - name: claude-foundry
+    price: {{ input_per_1m: 3.00, output_per_1m: 15.00 }}
     targets:
       - {{ backend: foundry-claude-swedencentral, model: claude-sonnet-4-5 }}
   - name: voice-default
@@ -178,10 +196,12 @@ backends:
       - {{ backend: sub2-norwayeast, deployment: gpt-4o-realtime, priority: 2 }}
   - name: assistants
     session_affinity: true
+    price: {{ input_per_1m: 2.50, output_per_1m: 10.00 }}
     targets:
       - {{ backend: sub1-francecentral, deployment: gpt-4o }}
       - {{ backend: sub2-norwayeast, deployment: gpt-4o }}
   - name: embed-default
+    price: {{ input_per_1m: 0.13, output_per_1m: 0 }}
     targets:
       - {{ backend: sub1-swedencentral-ptu, deployment: text-embedding-3-large }}
       - {{ backend: sub1-francecentral, deployment: text-embedding-3-large }}
@@ -306,6 +326,26 @@ async def main():
 asyncio.run(main())
 PY
 
+A batch at half the price (the batch API, as the openai SDK sends it): its lines name an alias,
+the gateway keeps the file, holds its estimated tokens against the tenant's quotas, places it on
+a batch deployment (chat-batch), and records its usage when it completes:
+
+python3 - <<'PY'
+import io, json, os, time
+from openai import OpenAI
+client = OpenAI(base_url=os.environ["ONEDOOR_URL"] + "/v1", api_key=os.environ["ONEDOOR_KEY"])
+lines = [{{"custom_id": f"ticket-{{n}}", "method": "POST", "url": "/v1/chat/completions", "body": {{"model": "chat-batch", "max_tokens": 50, "messages": [{{"role": "user", "content": f"Summarise ticket {{n}}"}}]}}}} for n in range(3)]
+upload = client.files.create(file=("tickets.jsonl", io.BytesIO("".join(json.dumps(l) + "\n" for l in lines).encode())), purpose="batch")
+batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
+while batch.status not in ("completed", "failed", "expired", "cancelled"):
+    time.sleep(1)
+    batch = client.batches.retrieve(batch.id)
+print(batch.id, batch.status, batch.request_counts)
+for line in client.files.content(batch.output_file_id).text.splitlines():
+    answer = json.loads(line)
+    print(answer["custom_id"], answer["response"]["body"]["choices"][0]["message"]["content"])
+PY
+
 What the gateway has learned (not-served deployments, cooldowns):
 
 curl -s {admin}/admin/backends -H "Authorization: Bearer {admin_token}"
@@ -317,6 +357,10 @@ The dashboard (backends, breakers, tenants' limits, the last hour's traffic, rec
 Every request is a usage record in ./{DEMO_USAGE_FILE}; chargeback per tenant, alias and backend:
 
 onedoor usage report --by tenant,alias,backend
+
+and batch spend beside synchronous spend:
+
+onedoor usage report --by tenant,kind
 
 Ctrl-C stops it all.
 "#

@@ -30,7 +30,8 @@ pub struct ReportArgs {
     #[arg(long, value_name = "DATE")]
     until: Option<String>,
     /// Group by a comma-separated list of tenant, alias, backend, model (the deployment or model
-    /// sent upstream), day, month (UTC). An empty list prints the total only.
+    /// sent upstream), day, month (UTC), kind (batch or request: batch spend beside synchronous
+    /// spend). An empty list prints the total only.
     #[arg(long, value_name = "LIST", default_value = "tenant")]
     by: String,
     /// table: aligned columns and a total line; csv: a header and one line per group; json: the

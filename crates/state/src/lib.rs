@@ -206,4 +206,31 @@ pub trait State: Send + Sync + 'static {
     /// The backend `key` is pinned to, while its pin lasts.
     fn pinned(&self, key: &str)
         -> impl Future<Output = Result<Option<String>, Unavailable>> + Send;
+
+    /// Keeps `value` as the record `id` of `collection` (a tenant's files or batches), replacing
+    /// any record of that id. Records never expire: they go when [`State::forget`] removes them.
+    fn keep(
+        &self,
+        collection: &str,
+        id: &str,
+        value: &str,
+    ) -> impl Future<Output = Result<(), Unavailable>> + Send;
+    /// The record `id` of `collection`, if there is one.
+    fn recall(
+        &self,
+        collection: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<String>, Unavailable>> + Send;
+    /// Every record of `collection` as (id, value), in no particular order.
+    fn records(
+        &self,
+        collection: &str,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, Unavailable>> + Send;
+    /// Removes the record `id` of `collection`; `true` only for the one caller that removed it,
+    /// however many instances ask at once.
+    fn forget(
+        &self,
+        collection: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<bool, Unavailable>> + Send;
 }

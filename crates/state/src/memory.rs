@@ -2,6 +2,7 @@
 //! lock. Also the Redis store's stand-in while Redis is unreachable and `on_store_error` is
 //! `fail_open`. Its futures never wait: every method completes on its first poll.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -36,6 +37,8 @@ pub struct MemoryState {
     next_member: AtomicU64,
     /// key -> (backend, until)
     pins: DashMap<String, (String, u64)>,
+    /// collection -> id -> value
+    records: DashMap<String, BTreeMap<String, String>>,
 }
 
 /// Past this many pins, the expired ones are swept on the next pin.
@@ -310,6 +313,34 @@ impl MemoryState {
             .insert(key.to_owned(), (backend.to_owned(), now + ttl_ms));
     }
 
+    pub(crate) fn keep_now(&self, collection: &str, id: &str, value: &str) {
+        self.records
+            .entry(collection.to_owned())
+            .or_default()
+            .insert(id.to_owned(), value.to_owned());
+    }
+
+    pub(crate) fn recall_now(&self, collection: &str, id: &str) -> Option<String> {
+        self.records.get(collection)?.get(id).cloned()
+    }
+
+    pub(crate) fn records_now(&self, collection: &str) -> Vec<(String, String)> {
+        self.records
+            .get(collection)
+            .map_or_else(Vec::new, |records| {
+                records
+                    .iter()
+                    .map(|(id, value)| (id.clone(), value.clone()))
+                    .collect()
+            })
+    }
+
+    pub(crate) fn forget_now(&self, collection: &str, id: &str) -> bool {
+        self.records
+            .get_mut(collection)
+            .is_some_and(|mut records| records.remove(id).is_some())
+    }
+
     pub(crate) fn pinned_now(&self, key: &str) -> Option<String> {
         let now = self.now();
         let backend = {
@@ -552,6 +583,23 @@ impl State for MemoryState {
         Ok(self.pinned_now(key))
     }
 
+    async fn keep(&self, collection: &str, id: &str, value: &str) -> Result<(), Unavailable> {
+        self.keep_now(collection, id, value);
+        Ok(())
+    }
+
+    async fn recall(&self, collection: &str, id: &str) -> Result<Option<String>, Unavailable> {
+        Ok(self.recall_now(collection, id))
+    }
+
+    async fn records(&self, collection: &str) -> Result<Vec<(String, String)>, Unavailable> {
+        Ok(self.records_now(collection))
+    }
+
+    async fn forget(&self, collection: &str, id: &str) -> Result<bool, Unavailable> {
+        Ok(self.forget_now(collection, id))
+    }
+
     async fn not_served(&self) -> Result<Vec<Entry>, Unavailable> {
         Ok(self.not_served_now())
     }
@@ -666,6 +714,22 @@ mod tests {
     }
 
     #[test]
+    fn a_record_is_kept_until_it_is_forgotten_once() {
+        let state = MemoryState::new();
+        state.keep_now("batches:team", "b1", "one");
+        state.keep_now("batches:team", "b1", "two");
+        assert_eq!(
+            state.recall_now("batches:team", "b1").as_deref(),
+            Some("two")
+        );
+        assert_eq!(state.recall_now("batches:other", "b1"), None);
+        assert_eq!(state.records_now("batches:team").len(), 1);
+        assert!(state.forget_now("batches:team", "b1"));
+        assert!(!state.forget_now("batches:team", "b1"));
+        assert!(state.records_now("batches:team").is_empty());
+    }
+
+    #[test]
     fn a_pin_names_its_backend_until_it_expires() {
         let (state, clock) = clocked(0);
         assert_eq!(state.pinned_now("resp_1"), None);
@@ -740,6 +804,40 @@ mod tests {
             };
             assert_eq!(made.usage, state.usage_now(&keys), "at {at}");
         }
+    }
+
+    #[test]
+    fn a_charge_held_for_later_leaves_the_minute_and_settles_in_its_day() {
+        // 2026-12-02: the day and month of a real clock, never 1970's first.
+        const NOW: u64 = 1_796_169_600_000;
+        let (state, clock) = clocked(NOW);
+        let keys = [MeterKey::tenant("t")];
+        let Verdict::Admitted(held) = state.admit_now(&ask(None, None, 80)) else {
+            panic!("no limits refuse");
+        };
+        let nothing = Settlement {
+            tokens: 0,
+            micro_usd: 0,
+            release: true,
+        };
+        state.settle_now(&held.minute_part(), nothing);
+        let usage = &state.usage_now(&keys)[0];
+        assert_eq!(
+            (usage.tokens, usage.day_tokens, usage.in_flight),
+            (0, 80, 0)
+        );
+        clock.store(NOW + 30_000, Ordering::Relaxed);
+        let Verdict::Admitted(_) = state.admit_now(&ask(None, None, 5)) else {
+            panic!("no limits refuse");
+        };
+        let measured = Settlement {
+            tokens: 50,
+            micro_usd: 0,
+            release: false,
+        };
+        state.settle_now(&held.period_part(), measured);
+        let usage = &state.usage_now(&keys)[0];
+        assert_eq!((usage.tokens, usage.day_tokens), (5, 55));
     }
 
     #[test]

@@ -179,6 +179,32 @@ pub struct Reservation {
     pub shared: bool,
 }
 
+impl Reservation {
+    /// The part of this reservation that lies in the rolling minute: settling it at zero takes
+    /// the charge out of the minute's window (and, with `release`, out of flight) and leaves the
+    /// UTC day's and month's counts as they are, since day and month 0 (January 1970) are no
+    /// store's bucket on a real clock. A charge held for later (a batch against
+    /// `tokens_per_day`) is not this minute's load.
+    pub fn minute_part(&self) -> Reservation {
+        Reservation {
+            day: 0,
+            month: 0,
+            ..self.clone()
+        }
+    }
+
+    /// The part of this reservation in its UTC day and month: settling it replaces those
+    /// charges and leaves every rolling-minute window as it is, since second 0 is in none on a
+    /// real clock. For a
+    /// charge whose minute part was settled already.
+    pub fn period_part(&self) -> Reservation {
+        Reservation {
+            second: 0,
+            ..self.clone()
+        }
+    }
+}
+
 /// A reservation's final numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settlement {

@@ -121,6 +121,11 @@ impl Keys {
         [&self.routing, ":br:", id].concat()
     }
 
+    /// One hash per collection of records.
+    fn records(&self, collection: &str) -> String {
+        [&self.prefix, ":rec:", collection].concat()
+    }
+
     /// One plain key a pin, expiring by itself.
     fn pin(&self, key: &str) -> String {
         [&self.prefix, ":pin:", key].concat()
@@ -818,6 +823,78 @@ impl State for RedisState {
         match found {
             Some(found) => Ok(found),
             None => self.fallback(|local| local.pinned_now(key)),
+        }
+    }
+
+    async fn keep(&self, collection: &str, id: &str, value: &str) -> Result<(), Unavailable> {
+        let (name, field, text) = (
+            self.keys.records(collection),
+            id.to_owned(),
+            value.to_owned(),
+        );
+        let done = self
+            .call(|mut c| async move {
+                redis::cmd("HSET")
+                    .arg(name)
+                    .arg(field)
+                    .arg(text)
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await;
+        match done {
+            Some(()) => Ok(()),
+            None => self.fallback(|local| local.keep_now(collection, id, value)),
+        }
+    }
+
+    async fn recall(&self, collection: &str, id: &str) -> Result<Option<String>, Unavailable> {
+        let (name, field) = (self.keys.records(collection), id.to_owned());
+        let found = self
+            .call(|mut c| async move {
+                redis::cmd("HGET")
+                    .arg(name)
+                    .arg(field)
+                    .query_async::<Option<String>>(&mut c)
+                    .await
+            })
+            .await;
+        match found {
+            Some(found) => Ok(found),
+            None => self.fallback(|local| local.recall_now(collection, id)),
+        }
+    }
+
+    async fn records(&self, collection: &str) -> Result<Vec<(String, String)>, Unavailable> {
+        let name = self.keys.records(collection);
+        let found = self
+            .call(|mut c| async move {
+                redis::cmd("HGETALL")
+                    .arg(name)
+                    .query_async::<Vec<(String, String)>>(&mut c)
+                    .await
+            })
+            .await;
+        match found {
+            Some(found) => Ok(found),
+            None => self.fallback(|local| local.records_now(collection)),
+        }
+    }
+
+    async fn forget(&self, collection: &str, id: &str) -> Result<bool, Unavailable> {
+        let (name, field) = (self.keys.records(collection), id.to_owned());
+        let removed = self
+            .call(|mut c| async move {
+                redis::cmd("HDEL")
+                    .arg(name)
+                    .arg(field)
+                    .query_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+        match removed {
+            Some(count) => Ok(count > 0),
+            None => self.fallback(|local| local.forget_now(collection, id)),
         }
     }
 }

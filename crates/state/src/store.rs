@@ -279,4 +279,20 @@ impl State for Store {
     async fn pinned(&self, key: &str) -> Result<Option<String>, Unavailable> {
         delegate!(self, s => s.pinned(key))
     }
+
+    async fn keep(&self, collection: &str, id: &str, value: &str) -> Result<(), Unavailable> {
+        delegate!(self, s => s.keep(collection, id, value))
+    }
+
+    async fn recall(&self, collection: &str, id: &str) -> Result<Option<String>, Unavailable> {
+        delegate!(self, s => s.recall(collection, id))
+    }
+
+    async fn records(&self, collection: &str) -> Result<Vec<(String, String)>, Unavailable> {
+        delegate!(self, s => s.records(collection))
+    }
+
+    async fn forget(&self, collection: &str, id: &str) -> Result<bool, Unavailable> {
+        delegate!(self, s => s.forget(collection, id))
+    }
 }

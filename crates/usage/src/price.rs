@@ -48,6 +48,8 @@ mod tests {
     const GPT_4O: Price = Price {
         input_per_1m: 2.50,
         output_per_1m: 10.00,
+        batch_input_per_1m: 1.25,
+        batch_output_per_1m: 5.00,
     };
 
     #[test]

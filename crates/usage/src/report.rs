@@ -23,16 +23,20 @@ pub enum GroupBy {
     Day,
     /// The UTC month.
     Month,
+    /// `batch` for a batch's record (its request id is the batch's `batch_…` id), `request` for
+    /// a synchronous request's: batch spend beside synchronous spend.
+    Kind,
 }
 
 impl GroupBy {
-    pub const ALL: [GroupBy; 6] = [
+    pub const ALL: [GroupBy; 7] = [
         GroupBy::Tenant,
         GroupBy::Alias,
         GroupBy::Backend,
         GroupBy::Model,
         GroupBy::Day,
         GroupBy::Month,
+        GroupBy::Kind,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +47,7 @@ impl GroupBy {
             GroupBy::Model => "model",
             GroupBy::Day => "day",
             GroupBy::Month => "month",
+            GroupBy::Kind => "kind",
         }
     }
 
@@ -55,6 +60,9 @@ impl GroupBy {
             GroupBy::Model => "COALESCE(model, '-')",
             GroupBy::Day => "day",
             GroupBy::Month => "substr(day, 1, 7)",
+            GroupBy::Kind => {
+                "CASE WHEN substr(request_id, 1, 6) = 'batch_' THEN 'batch' ELSE 'request' END"
+            }
         }
     }
 

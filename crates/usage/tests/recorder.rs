@@ -224,6 +224,25 @@ async fn records_reach_the_machines_postgres_once() {
     assert_eq!(by_month.total.requests, 600);
     // Estimated 30 tokens each, measured 11 to 17: the estimates ran high.
     assert!(by_month.rows[0].drift().unwrap() > 0.5, "{by_month:?}");
+    let mut batch = record("pg", 600);
+    batch.request_id = "batch_0123456789abcdef01234567".into();
+    recorder.record(batch);
+    assert!(recorder.flush().await);
+    let by_kind = report(
+        &store,
+        &ReportQuery {
+            by: vec![GroupBy::Kind],
+            ..ReportQuery::default()
+        },
+    )
+    .await
+    .unwrap();
+    let kinds: Vec<(&str, u64)> = by_kind
+        .rows
+        .iter()
+        .map(|row| (row.group[0].as_str(), row.requests))
+        .collect();
+    assert_eq!(kinds, [("batch", 1), ("request", 600)], "{by_kind:?}");
     recorder.close().await;
     testing::drop_database(testing::MACHINE_POSTGRES, &url).await;
 }

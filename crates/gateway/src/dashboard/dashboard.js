@@ -511,6 +511,31 @@
     $('errors-note').textContent = errors.recent.length ? 'the last ' + errors.recent.length + ', newest first' : '';
   }
 
+  function batches(list) {
+    rows(
+      'batches',
+      (list || []).map((b) => {
+        const counts = b.request_counts || {};
+        const done = counts.total ? (counts.completed || 0) + ' / ' + counts.total : '—';
+        return h(
+          'tr',
+          null,
+          h('td', null, h('code', null, b.id)),
+          h('td', null, b.tenant),
+          h('td', null, b.alias),
+          h('td', null, b.backend),
+          h('td', null, h('span', { class: 'pill half_open' }, b.status || 'validating')),
+          h('td', { class: 'num' }, done),
+          h('td', { class: 'num' }, count(b.estimated_tokens)),
+          h('td', { class: 'muted' }, clock(b.created_at * 1000)),
+        );
+      }),
+      'No open batches.',
+      8,
+    );
+    $('batches-note').textContent = list && list.length ? list.length + ' open, oldest first' : '';
+  }
+
   // ---- the loop ----------------------------------------------------------------------------
 
   let renders = 0;
@@ -529,6 +554,7 @@
     charts(data.history, data.now_ms);
     backends(data.backends);
     tenants(data.tenants, data.state_store);
+    batches(data.open_batches);
     codes(data.errors, data.now_ms);
     recent(data.errors);
     document.body.dataset.renders = String(++renders);
