@@ -11,10 +11,13 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
+use smallvec::SmallVec;
 
 use crate::breaker::{Backoff, BreakerPhase, BreakerRecord, Claim};
+use crate::ledger::{settlement_debts, Debts, Ledger};
 use crate::meter::{
-    Ask, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, Verdict,
+    day_of, month_of, Ask, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation,
+    Settlement, Verdict,
 };
 use crate::{
     now_ms, BackendView, Entry, Exclusion, MemoryState, RoutingQuery, RoutingView, State,
@@ -58,25 +61,32 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     routing: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/routing.lua")
     )),
     admit: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/meter.lua"),
+        include_str!("lua/debts.lua"),
         include_str!("lua/admit.lua")
     )),
-    settle: Script::new(include_str!("lua/settle.lua")),
+    settle: Script::new(concat!(
+        include_str!("lua/clock.lua"),
+        include_str!("lua/window.lua"),
+        include_str!("lua/meter.lua"),
+        include_str!("lua/debts.lua"),
+        include_str!("lua/settle.lua")
+    )),
     charge: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/charge.lua")
     )),
     usage: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/usage.lua")
     )),
@@ -159,6 +169,13 @@ fn evalsha(script: &Script, keys: usize) -> Cmd {
     cmd
 }
 
+/// The first two arguments of every meter script: the UTC day and month by this instance's
+/// clock, which the script takes when Redis's day is the same (meter.lua).
+fn calendar_hints(cmd: &mut Cmd) {
+    let day = day_of(now_ms());
+    cmd.arg(day).arg(month_of(day));
+}
+
 /// Sends script calls in one pipeline, in order, and reads each one's numbers. A script this
 /// Redis does not hold yet (after a restart or a `SCRIPT FLUSH`) is loaded and only that call
 /// is sent again: a call that ran is never repeated.
@@ -166,20 +183,33 @@ async fn pipelined<const N: usize>(
     connection: &mut ConnectionManager,
     calls: [(&Script, Cmd); N],
 ) -> RedisResult<[Vec<i64>; N]> {
+    let replies = pipelined_all(connection, &calls).await?;
+    let mut out: [Vec<i64>; N] = std::array::from_fn(|_| Vec::new());
+    for (slot, reply) in out.iter_mut().zip(replies) {
+        *slot = reply;
+    }
+    Ok(out)
+}
+
+/// [`pipelined`] for any number of calls.
+async fn pipelined_all(
+    connection: &mut ConnectionManager,
+    calls: &[(&Script, Cmd)],
+) -> RedisResult<Vec<Vec<i64>>> {
     let mut pipe = redis::pipe();
-    for (_, cmd) in &calls {
+    for (_, cmd) in calls {
         pipe.add_command(cmd.clone());
     }
     let replies: Vec<Value> = pipe.ignore_errors().query_async(connection).await?;
-    let mut out: [Vec<i64>; N] = std::array::from_fn(|_| Vec::new());
-    for ((slot, (script, cmd)), reply) in out.iter_mut().zip(&calls).zip(replies) {
-        *slot = match reply {
+    let mut out = Vec::with_capacity(calls.len());
+    for ((script, cmd), reply) in calls.iter().zip(replies) {
+        out.push(match reply {
             Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript) => {
                 script.load_async(connection).await?;
                 cmd.query_async(connection).await?
             }
             reply => redis::from_redis_value(reply.extract_error()?)?,
-        };
+        });
     }
     Ok(out)
 }
@@ -247,6 +277,16 @@ pub struct RedisState {
     down: AtomicBool,
     errors: AtomicU64,
     outages: AtomicU64,
+    /// What ended requests still owe their meters, paid with the next admission under their
+    /// tag or a moment later.
+    pub(crate) ledger: Ledger,
+}
+
+impl Drop for RedisState {
+    fn drop(&mut self) {
+        // The paying task wakes, finds the store gone and ends.
+        self.ledger.bell.notify_one();
+    }
 }
 
 impl RedisState {
@@ -277,6 +317,7 @@ impl RedisState {
             down: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             outages: AtomicU64::new(0),
+            ledger: Ledger::default(),
         }
     }
 
@@ -348,6 +389,20 @@ impl RedisState {
                 OnError::FailOpen => tracing::error!(error = why, "the state store is unreachable: serving with this instance's own limits, breakers and caches until it is back (on_store_error: fail_open)"),
                 OnError::FailClosed => tracing::error!(error = why, "the state store is unreachable: answering 503 state_unavailable until it is back (on_store_error: fail_closed)"),
             }
+        }
+    }
+
+    /// Settles a reservation made in this instance's own memory (during an outage).
+    pub(crate) fn settle_locally(&self, reservation: &Reservation, settlement: Settlement) {
+        self.local.settle_now(reservation, settlement);
+    }
+
+    /// A backend's count while Redis is unreachable: in this instance's own memory under
+    /// `fail_open`, none under `fail_closed`.
+    pub(crate) fn admit_locally(&self, ask: &Ask) -> Option<Reservation> {
+        match self.fallback(|local| local.admit_now(ask)) {
+            Ok(Verdict::Admitted(reservation)) => Some(reservation),
+            _ => None,
         }
     }
 
@@ -446,12 +501,23 @@ impl RedisState {
         (keys, args)
     }
 
-    /// The admission script's call for `ask`, as [`State::admit`] sends it.
-    fn admit_cmd(&self, ask: &Ask, member: u64) -> Cmd {
-        let mut cmd = evalsha(&SCRIPTS.admit, 3 * ask.meters.len());
-        for key in self.keys.meters(ask.meters.iter().map(|(meter, _)| meter)) {
+    /// The admission script's call for `ask`, as [`State::admit`] sends it, paying `debts`
+    /// (of the ask's tag) first.
+    fn admit_cmd(&self, ask: &Ask, member: u64, debts: Option<&Debts>) -> Cmd {
+        let asked = || ask.meters.iter().map(|(meter, _)| meter);
+        let others: SmallVec<[&MeterKey; 2]> = debts
+            .map(|debts| {
+                debts
+                    .meters()
+                    .filter(|key| !asked().any(|k| k == *key))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut cmd = evalsha(&SCRIPTS.admit, 3 * (ask.meters.len() + others.len()));
+        for key in self.keys.meters(asked().chain(others.iter().copied())) {
             cmd.arg(key);
         }
+        calendar_hints(&mut cmd);
         cmd.arg(ask.meters.len())
             .arg(ask.charge.tokens)
             .arg(ask.charge.micro_usd)
@@ -463,7 +529,55 @@ impl RedisState {
                 cmd.arg(limit);
             }
         }
+        if let Some(debts) = debts {
+            debts.write(&mut cmd, |key| {
+                let at = asked().position(|k| k == key);
+                1 + at.unwrap_or_else(|| {
+                    ask.meters.len() + others.iter().position(|k| *k == key).unwrap_or(0)
+                })
+            });
+        }
         cmd
+    }
+
+    /// The settlement script's call paying `debts` (of one tag).
+    fn settle_cmd(&self, debts: &Debts) -> Cmd {
+        let owed: SmallVec<[&MeterKey; 2]> = debts.meters().collect();
+        let mut cmd = evalsha(&SCRIPTS.settle, 3 * owed.len());
+        for key in self.keys.meters(owed.iter().copied()) {
+            cmd.arg(key);
+        }
+        calendar_hints(&mut cmd);
+        debts.write(&mut cmd, |key| {
+            1 + owed.iter().position(|k| *k == key).unwrap_or(0)
+        });
+        cmd
+    }
+
+    /// The debts of the tag `ask` charges (all its meters share one), for its admission to pay.
+    fn debts_for(&self, ask: &Ask) -> Option<Debts> {
+        let (first, _) = ask.meters.first()?;
+        if ask.meters.iter().any(|(key, _)| key.tag != first.tag) {
+            return None;
+        }
+        self.ledger.take(&first.tag)
+    }
+
+    /// Pays every queued debt, one script call a tag, in one pipeline. Debts that cannot be
+    /// paid now are dropped: their estimates stay charged, their time in flight ends with their
+    /// leases (as a settlement that fails).
+    pub(crate) async fn pay_debts(&self) {
+        let owed = self.ledger.take_all();
+        if owed.is_empty() {
+            return;
+        }
+        let calls: Vec<(&Script, Cmd)> = owed
+            .values()
+            .map(|debts| (&SCRIPTS.settle, self.settle_cmd(debts)))
+            .collect();
+        let _ = self
+            .call(|mut c| async move { pipelined_all(&mut c, &calls).await })
+            .await;
     }
 
     /// The routing script's call for `query`, as [`State::routing`] sends it.
@@ -601,7 +715,8 @@ impl State for RedisState {
 
     async fn admit(&self, ask: &Ask) -> Result<Verdict, Unavailable> {
         let member: u64 = rand::random();
-        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member))];
+        let debts = self.debts_for(ask);
+        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref()))];
         let values = self
             .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
@@ -622,8 +737,9 @@ impl State for RedisState {
         Result<RoutingView, Unavailable>,
     ) {
         let member: u64 = rand::random();
+        let debts = self.debts_for(ask);
         let calls = [
-            (&SCRIPTS.admit, self.admit_cmd(ask, member)),
+            (&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref())),
             (&SCRIPTS.routing, self.routing_cmd(&query)),
         ];
         let values = self
@@ -646,26 +762,14 @@ impl State for RedisState {
             self.local.settle_now(reservation, settlement);
             return;
         }
-        let tokens = settlement.tokens as i64 - reservation.tokens as i64;
-        let usd = settlement.micro_usd as i64 - reservation.micro_usd as i64;
         // A shared reservation that cannot be settled now keeps its estimate; its time in
         // flight ends with its lease.
+        let calls = [(
+            &SCRIPTS.settle,
+            self.settle_cmd(&settlement_debts(reservation, settlement)),
+        )];
         let _ = self
-            .call(|mut c| async move {
-                let mut invocation = SCRIPTS.settle.prepare_invoke();
-                for key in self.keys.meters(&reservation.meters) {
-                    invocation.key(key);
-                }
-                invocation
-                    .arg(reservation.second)
-                    .arg(reservation.day)
-                    .arg(reservation.month)
-                    .arg(tokens)
-                    .arg(usd)
-                    .arg(reservation.member)
-                    .arg(u8::from(settlement.release));
-                invocation.invoke_async::<i64>(&mut c).await
-            })
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
     }
 
@@ -681,7 +785,12 @@ impl State for RedisState {
                 for key in self.keys.meters(meters) {
                     invocation.key(key);
                 }
-                invocation.arg(tokens).arg(micro_usd);
+                let day = day_of(now_ms());
+                invocation
+                    .arg(day)
+                    .arg(month_of(day))
+                    .arg(tokens)
+                    .arg(micro_usd);
                 invocation.invoke_async(&mut c).await
             })
             .await;
@@ -698,6 +807,8 @@ impl State for RedisState {
                 for key in self.keys.meters(meters) {
                     invocation.key(key);
                 }
+                let day = day_of(now_ms());
+                invocation.arg(day).arg(month_of(day));
                 invocation.invoke_async(&mut c).await
             })
             .await;

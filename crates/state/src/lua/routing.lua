@@ -33,7 +33,6 @@ if n > 0 then
     out[#out + 1] = c > now and 1 or 0
   end
 end
-local oldest = math.floor(now / 1000) - 59
 local backends = #ARGV - 1 - n
 for j = 1, backends do
   local flags = ARGV[1 + n + j]
@@ -44,29 +43,12 @@ for j = 1, backends do
   out[#out + 1] = phase
   out[#out + 1] = left
   if string.sub(flags, 2, 2) == '1' then
-    -- The running sums while no bucket can have left the window (see meter.lua), else the buckets.
-    local w = KEYS[3 * j + 2]
-    local sums = redis.call('HMGET', w, 'R', 'T', 'O')
-    local r, tk = 0, 0
-    if sums[3] and tonumber(sums[3]) >= oldest then
-      r, tk = tonumber(sums[1]) or 0, tonumber(sums[2]) or 0
-    else
-      local all = redis.call('HGETALL', w)
-      for i = 1, #all, 2 do
-        local kind = string.sub(all[i], 1, 1)
-        local s = tonumber(string.sub(all[i], 2))
-        if s and s >= oldest and (kind == 'r' or kind == 't') then
-          if kind == 'r' then r = r + tonumber(all[i + 1])
-          else tk = tk + tonumber(all[i + 1]) end
-        end
-      end
-    end
-    out[#out + 1] = r
-    out[#out + 1] = tk
+    local m = window(KEYS[3 * j + 2], true)
+    out[#out + 1] = m.r
+    out[#out + 1] = m.t
     out[#out + 1] = redis.call('ZCOUNT', KEYS[3 * j + 3], '(' .. now, '+inf')
-    local r10, t10 = recent(w)
-    out[#out + 1] = r10
-    out[#out + 1] = t10
+    out[#out + 1] = m.r10
+    out[#out + 1] = m.t10
   else
     for _ = 1, 5 do out[#out + 1] = -1 end
   end

@@ -1,0 +1,237 @@
+//! The Redis store's settlement queue: what requests of this instance still owe their meters
+//! (token and spend corrections, ends of their time in flight) and the backend counts not made
+//! yet, summed per meter and kept per hash tag. The next admission under a tag takes its debts
+//! along in its own script call, so it decides on them; what no admission takes is paid a few
+//! milliseconds after the first debt, all tags in one pipeline ([`FLUSH_AFTER`]).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use redis::Cmd;
+use smallvec::SmallVec;
+use tokio::sync::Notify;
+
+use crate::meter::{MeterKey, Reservation, Settlement};
+
+/// How long a debt waits for an admission under its tag before it is paid on its own: the
+/// longest another instance may see a request in flight, or at its estimate, after it ended.
+pub const FLUSH_AFTER: Duration = Duration::from_millis(2);
+
+/// The debts of one hash tag, per meter.
+#[derive(Debug, Default)]
+pub(crate) struct Debts {
+    meters: SmallVec<[(MeterKey, Debt); 2]>,
+}
+
+/// Corrections per bucket, day or month: (which, delta).
+type Corrections = SmallVec<[(u64, i64); 2]>;
+
+/// What one meter is owed, in the order debts.lua reads it.
+#[derive(Debug, Default)]
+struct Debt {
+    /// Token corrections per window bucket (second).
+    buckets: Corrections,
+    days: Corrections,
+    months: Corrections,
+    /// In-flight members whose requests ended.
+    ended: Vec<u64>,
+    /// Counts to make now (a backend's quota meter).
+    counts: Vec<Count>,
+}
+
+#[derive(Debug)]
+struct Count {
+    requests: u64,
+    tokens: u64,
+    /// Its in-flight entry; `None` when it ended before it was counted, or counts no request.
+    member: Option<u64>,
+    lease_ms: u64,
+}
+
+/// Adds `delta` to the entry for `at`, or a new one.
+fn add(list: &mut Corrections, at: u64, delta: i64) {
+    if delta == 0 {
+        return;
+    }
+    match list.iter_mut().find(|(held, _)| *held == at) {
+        Some((_, sum)) => *sum += delta,
+        None => list.push((at, delta)),
+    }
+}
+
+impl Debts {
+    fn meter(&mut self, key: &MeterKey) -> &mut Debt {
+        let at = match self.meters.iter().position(|(held, _)| held == key) {
+            Some(at) => at,
+            None => {
+                self.meters.push((key.clone(), Debt::default()));
+                self.meters.len() - 1
+            }
+        };
+        &mut self.meters[at].1
+    }
+
+    /// The meters owed, in the order [`Debts::write`] numbers them after `first`.
+    pub fn meters(&self) -> impl Iterator<Item = &MeterKey> {
+        self.meters.iter().map(|(key, _)| key)
+    }
+
+    /// Writes the debts as debts.lua reads them; `index` gives each meter's number among the
+    /// script's keys (three keys a meter, counted from 1).
+    pub fn write(&self, cmd: &mut Cmd, index: impl Fn(&MeterKey) -> usize) {
+        for (key, debt) in &self.meters {
+            cmd.arg(index(key));
+            for list in [&debt.buckets[..], &debt.days[..], &debt.months[..]] {
+                cmd.arg(list.len());
+                for (at, delta) in list {
+                    cmd.arg(*at).arg(*delta);
+                }
+            }
+            cmd.arg(debt.ended.len());
+            for member in &debt.ended {
+                cmd.arg(*member);
+            }
+            cmd.arg(debt.counts.len());
+            for count in &debt.counts {
+                cmd.arg(count.requests).arg(count.tokens);
+                match count.member {
+                    Some(member) => cmd.arg(member),
+                    None => cmd.arg("-"),
+                };
+                cmd.arg(count.lease_ms);
+            }
+        }
+    }
+}
+
+/// A reservation's settlement as debts: the corrections of its charge and, when it is over,
+/// the end of its time in flight.
+pub(crate) fn settlement_debts(reservation: &Reservation, settlement: Settlement) -> Debts {
+    let mut debts = Debts::default();
+    owe_settlement(&mut debts, reservation, settlement);
+    debts
+}
+
+fn owe_settlement(debts: &mut Debts, reservation: &Reservation, settlement: Settlement) {
+    let tokens = settlement.tokens as i64 - reservation.tokens as i64;
+    let usd = settlement.micro_usd as i64 - reservation.micro_usd as i64;
+    for key in &reservation.meters {
+        let debt = debts.meter(key);
+        add(&mut debt.buckets, reservation.second, tokens);
+        add(&mut debt.days, reservation.day, tokens);
+        add(&mut debt.months, reservation.month, usd);
+        if settlement.release {
+            debt.ended.push(reservation.member);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    tags: Mutex<HashMap<String, Debts>>,
+    /// Rung when the ledger stops being empty (and when the store goes).
+    pub bell: Arc<Notify>,
+    /// The task that pays what no admission took along is running.
+    pub paying: AtomicBool,
+}
+
+impl Ledger {
+    fn tags(&self) -> MutexGuard<'_, HashMap<String, Debts>> {
+        self.tags.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn owe(&self, tag: &str, write: impl FnOnce(&mut Debts)) {
+        let was_empty = {
+            let mut tags = self.tags();
+            let was_empty = tags.is_empty();
+            match tags.get_mut(tag) {
+                Some(debts) => write(debts),
+                None => {
+                    let mut debts = Debts::default();
+                    write(&mut debts);
+                    tags.insert(tag.to_owned(), debts);
+                }
+            }
+            was_empty
+        };
+        if was_empty {
+            self.bell.notify_one();
+        }
+    }
+
+    /// Queues a shared reservation's settlement.
+    pub fn settle(&self, reservation: &Reservation, settlement: Settlement) {
+        let Some(tag) = reservation.meters.first().map(|key| key.tag.as_str()) else {
+            return;
+        };
+        self.owe(tag, |debts| owe_settlement(debts, reservation, settlement));
+    }
+
+    /// Queues a count of one request of `tokens` on `key`, in flight as `member` for at most
+    /// `lease_ms`.
+    pub fn count(&self, key: &MeterKey, tokens: u64, member: u64, lease_ms: u64) {
+        self.owe(&key.tag, |debts| {
+            debts.meter(key).counts.push(Count {
+                requests: 1,
+                tokens,
+                member: Some(member),
+                lease_ms,
+            })
+        });
+    }
+
+    /// Settles a [`Ledger::count`]: one still queued is changed in place (ended, it never
+    /// enters the in-flight set); one already made gets the tokens beyond its estimate counted
+    /// now, and its end.
+    pub fn settle_count(&self, key: &MeterKey, counted: u64, member: u64, settlement: Settlement) {
+        self.owe(&key.tag, |debts| {
+            let debt = debts.meter(key);
+            let queued = debt
+                .counts
+                .iter_mut()
+                .find(|count| count.member == Some(member));
+            match queued {
+                Some(count) => {
+                    count.tokens = settlement.tokens;
+                    if settlement.release {
+                        count.member = None;
+                    }
+                }
+                None => {
+                    if settlement.tokens > counted {
+                        debt.counts.push(Count {
+                            requests: 0,
+                            tokens: settlement.tokens - counted,
+                            member: None,
+                            lease_ms: 0,
+                        });
+                    }
+                    if settlement.release {
+                        debt.ended.push(member);
+                    }
+                }
+            }
+        });
+    }
+
+    /// The debts of `tag`, for an admission under it to pay.
+    pub fn take(&self, tag: &str) -> Option<Debts> {
+        let mut tags = self.tags();
+        if tags.is_empty() {
+            return None;
+        }
+        tags.remove(tag)
+    }
+
+    /// Every debt, to be paid now.
+    pub fn take_all(&self) -> HashMap<String, Debts> {
+        std::mem::take(&mut *self.tags())
+    }
+
+    /// Marks the paying task started; true only for the first caller.
+    pub fn start_paying(&self) -> bool {
+        !self.paying.swap(true, Ordering::AcqRel)
+    }
+}
