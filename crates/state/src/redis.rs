@@ -800,7 +800,10 @@ impl State for RedisState {
         }
     }
 
+    /// Pays this instance's queued debts first, so what it reports includes its own ended
+    /// requests.
     async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {
+        self.pay_debts().await;
         let values: Option<Vec<i64>> = self
             .call(|mut c| async move {
                 let mut invocation = SCRIPTS.usage.prepare_invoke();
