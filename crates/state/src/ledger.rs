@@ -106,25 +106,30 @@ impl Debts {
     }
 }
 
-/// A reservation's settlement as debts: the corrections of its charge and, when it is over,
-/// the end of its time in flight.
+/// A reservation's settlement as debts (its meters share one tag): the corrections of its charge
+/// and, when it is over, the end of its time in flight.
 pub(crate) fn settlement_debts(reservation: &Reservation, settlement: Settlement) -> Debts {
     let mut debts = Debts::default();
-    owe_settlement(&mut debts, reservation, settlement);
+    for key in &reservation.meters {
+        owe_settlement(&mut debts, key, reservation, settlement);
+    }
     debts
 }
 
-fn owe_settlement(debts: &mut Debts, reservation: &Reservation, settlement: Settlement) {
+fn owe_settlement(
+    debts: &mut Debts,
+    key: &MeterKey,
+    reservation: &Reservation,
+    settlement: Settlement,
+) {
     let tokens = settlement.tokens as i64 - reservation.tokens as i64;
     let usd = settlement.micro_usd as i64 - reservation.micro_usd as i64;
-    for key in &reservation.meters {
-        let debt = debts.meter(key);
-        add(&mut debt.buckets, reservation.second, tokens);
-        add(&mut debt.days, reservation.day, tokens);
-        add(&mut debt.months, reservation.month, usd);
-        if settlement.release {
-            debt.ended.push(reservation.member);
-        }
+    let debt = debts.meter(key);
+    add(&mut debt.buckets, reservation.second, tokens);
+    add(&mut debt.days, reservation.day, tokens);
+    add(&mut debt.months, reservation.month, usd);
+    if settlement.release {
+        debt.ended.push(reservation.member);
     }
 }
 
@@ -161,12 +166,13 @@ impl Ledger {
         }
     }
 
-    /// Queues a shared reservation's settlement.
+    /// Queues a shared reservation's settlement, each meter under its own tag.
     pub fn settle(&self, reservation: &Reservation, settlement: Settlement) {
-        let Some(tag) = reservation.meters.first().map(|key| key.tag.as_str()) else {
-            return;
-        };
-        self.owe(tag, |debts| owe_settlement(debts, reservation, settlement));
+        for key in &reservation.meters {
+            self.owe(&key.tag, |debts| {
+                owe_settlement(debts, key, reservation, settlement)
+            });
+        }
     }
 
     /// Queues a count of one request of `tokens` on `key`, in flight as `member` for at most

@@ -118,8 +118,10 @@ impl Keys {
         }
     }
 
-    fn hash(&self, name: &str) -> String {
-        [&self.routing, ":", name].concat()
+    /// The targets' hash: not-served, cooldown and served entries, each a [`Kind`] letter and
+    /// the target's [`field`].
+    fn targets(&self) -> String {
+        [&self.routing, ":tg"].concat()
     }
 
     fn breaker(&self, id: &str) -> String {
@@ -152,6 +154,28 @@ impl Keys {
 /// A (backend, deployment) as one hash field; the length prefix keeps any pair of names apart.
 fn field(backend: &str, deployment: &str) -> String {
     [&backend.len().to_string(), ":", backend, deployment].concat()
+}
+
+/// The kinds of entry the targets' hash keeps, each a letter before the target's field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    NotServed,
+    CoolingDown,
+    Served,
+}
+
+impl Kind {
+    fn letter(self) -> &'static str {
+        match self {
+            Kind::NotServed => "n",
+            Kind::CoolingDown => "c",
+            Kind::Served => "s",
+        }
+    }
+
+    fn entry(self, target: &str) -> String {
+        [self.letter(), target].concat()
+    }
 }
 
 fn unfield(field: &str) -> Option<TargetKey> {
@@ -413,35 +437,47 @@ impl RedisState {
         }
     }
 
-    async fn mark(&self, op: &'static str, hash: &str, key: &TargetKey, ms: u64) {
-        let keys = [self.keys.hash(hash), self.keys.hash("ns")];
-        let field = field(&key.backend, &key.deployment);
+    async fn mark(&self, kind: Kind, key: &TargetKey, ms: u64) {
+        let hash = self.keys.targets();
+        let target = field(&key.backend, &key.deployment);
+        let op = match kind {
+            Kind::NotServed => "set",
+            Kind::CoolingDown => "extend",
+            Kind::Served => "served",
+        };
         let done = self
             .call(|mut c| async move {
                 SCRIPTS
                     .mark
-                    .key(&keys[0])
-                    .key(&keys[1])
+                    .key(hash)
                     .arg(op)
-                    .arg(field)
+                    .arg(kind.entry(&target))
                     .arg(ms)
+                    .arg(Kind::NotServed.entry(&target))
                     .invoke_async::<i64>(&mut c)
                     .await
             })
             .await;
         if done.is_none() {
-            match op {
-                "set" => self.local.mark_not_served_now(key, ms),
-                "served" => self.local.mark_served_now(key, ms),
-                _ => self.local.cool_down_now(key, ms),
+            match kind {
+                Kind::NotServed => self.local.mark_not_served_now(key, ms),
+                Kind::Served => self.local.mark_served_now(key, ms),
+                Kind::CoolingDown => self.local.cool_down_now(key, ms),
             }
         }
     }
 
-    async fn list(&self, hash: &str) -> Option<Vec<Entry>> {
-        let key = self.keys.hash(hash);
+    async fn list(&self, kind: Kind) -> Option<Vec<Entry>> {
+        let key = self.keys.targets();
         let flat: Vec<String> = self
-            .call(|mut c| async move { SCRIPTS.list.key(key).invoke_async(&mut c).await })
+            .call(|mut c| async move {
+                SCRIPTS
+                    .list
+                    .key(key)
+                    .arg(kind.letter())
+                    .invoke_async(&mut c)
+                    .await
+            })
             .await?;
         let mut entries: Vec<Entry> = flat
             .chunks(2)
@@ -472,14 +508,15 @@ impl RedisState {
     }
 
     fn routing_keys(&self, query: &RoutingQuery<'_>) -> (Vec<String>, Vec<String>) {
-        let mut keys = vec![
-            self.keys.hash("ns"),
-            self.keys.hash("cd"),
-            self.keys.hash("sv"),
-        ];
-        let mut args = Vec::with_capacity(1 + query.targets.len() + query.backends.len());
+        let mut keys = vec![self.keys.targets()];
+        let mut args = Vec::with_capacity(1 + 3 * query.targets.len() + query.backends.len());
         args.push(query.targets.len().to_string());
-        args.extend(query.targets.iter().map(|(b, d)| field(b, d)));
+        for (backend, deployment) in query.targets {
+            let target = field(backend, deployment);
+            for kind in [Kind::NotServed, Kind::CoolingDown, Kind::Served] {
+                args.push(kind.entry(&target));
+            }
+        }
         for backend in query.backends {
             keys.push(self.keys.breaker(backend.breaker.unwrap_or("-")));
             let [w, f, _] = self.keys.meter(&MeterKey::backend(backend.name));
@@ -688,26 +725,26 @@ impl State for RedisState {
     }
 
     async fn mark_not_served(&self, key: &TargetKey, ttl_ms: u64) {
-        self.mark("set", "ns", key, ttl_ms).await
+        self.mark(Kind::NotServed, key, ttl_ms).await
     }
 
     async fn mark_served(&self, key: &TargetKey, ttl_ms: u64) {
-        self.mark("served", "sv", key, ttl_ms).await
+        self.mark(Kind::Served, key, ttl_ms).await
     }
 
     async fn cool_down(&self, key: &TargetKey, wait_ms: u64) {
-        self.mark("extend", "cd", key, wait_ms).await
+        self.mark(Kind::CoolingDown, key, wait_ms).await
     }
 
     async fn not_served(&self) -> Result<Vec<Entry>, Unavailable> {
-        match self.list("ns").await {
+        match self.list(Kind::NotServed).await {
             Some(entries) => Ok(entries),
             None => self.fallback(MemoryState::not_served_now),
         }
     }
 
     async fn cooldowns(&self) -> Result<Vec<Entry>, Unavailable> {
-        match self.list("cd").await {
+        match self.list(Kind::CoolingDown).await {
             Some(entries) => Ok(entries),
             None => self.fallback(MemoryState::cooldowns_now),
         }

@@ -163,6 +163,14 @@ impl Store {
         }
     }
 
+    /// Pays what the Redis settlement queue holds now (at a graceful stop, once the requests
+    /// are over).
+    pub async fn settle_queued(&self) {
+        if let Store::Redis(redis) = self {
+            redis.pay_debts().await;
+        }
+    }
+
     /// Starts, once, the task that pays the Redis settlement queue a moment after it stops
     /// being empty. It holds the store only while it pays, and ends once the store is gone.
     fn pay_queued_debts(self: &Arc<Self>) {
