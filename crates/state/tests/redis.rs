@@ -603,3 +603,59 @@ async fn a_backends_count_is_made_and_settled_without_waiting() {
     store.settle_after(slow, ENDED_AT_20);
     assert!(soon(|| async { read(other.usage(&meter).await.unwrap()[0]) == (2, 40, 0) }).await);
 }
+
+fn tpm_100(tokens: u64) -> Ask {
+    Ask {
+        meters: vec![(
+            MeterKey::tenant("t"),
+            MeterLimits {
+                tpm: Some(100),
+                ..MeterLimits::default()
+            },
+        )],
+        charge: Charge {
+            tokens,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
+        enforce: true,
+    }
+}
+
+#[tokio::test]
+async fn a_refused_admission_still_pays_the_debts_it_took_along() {
+    let config = config("refused-pays");
+    let (store, other) = (Arc::new(Store::redis(&config)), RedisState::new(&config));
+    let Verdict::Admitted(held) = store.admit(&tpm_100(50)).await.unwrap() else {
+        panic!("50 of 100 fits");
+    };
+    store.settle_detached(&held, ENDED_AT_20);
+    let Verdict::Refused(refusal) = store.admit(&tpm_100(90)).await.unwrap() else {
+        panic!("20 + 90 is over 100");
+    };
+    assert_eq!((refusal.limit, refusal.used), (Limit::Tpm, 20));
+    let seen = other.usage(&[MeterKey::tenant("t")]).await.unwrap()[0];
+    assert_eq!((seen.tokens, seen.in_flight, seen.day_tokens), (20, 0, 20));
+}
+
+#[tokio::test]
+async fn a_debt_from_an_earlier_second_corrects_its_own_bucket() {
+    let config = config("earlier-second");
+    let (store, other) = (Arc::new(Store::redis(&config)), RedisState::new(&config));
+    let Verdict::Admitted(held) = store.admit(&tpm_100(50)).await.unwrap() else {
+        panic!("50 of 100 fits");
+    };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let next_second = 1_000 - u64::from(now.subsec_millis()) + 20;
+    tokio::time::sleep(std::time::Duration::from_millis(next_second)).await;
+    store.settle_detached(&held, ENDED_AT_20);
+    let Verdict::Admitted(next) = store.admit(&tpm_100(80)).await.unwrap() else {
+        panic!("20 + 80 fits in 100");
+    };
+    assert_eq!(next.usage[0].tokens, 100);
+    let seen = other.usage(&[MeterKey::tenant("t")]).await.unwrap()[0];
+    assert_eq!(
+        (seen.tokens, seen.tokens_10s, seen.in_flight),
+        (100, 100, 1)
+    );
+}

@@ -55,10 +55,14 @@ end
 
 -- One meter's current usage (the window's table, with in flight, day tokens and month spend);
 -- with `prune`, drops what left the window or its lease (the leases once a second, with the
--- window: ZCOUNT counts only the live ones anyway).
-local function read_meter(w, f, p, prune)
-  local m = window(w, prune)
+-- window: ZCOUNT counts only the live ones anyway). With `debt` (debts.lua), also reads the
+-- buckets it corrects and first ends its requests in flight.
+local function read_meter(w, f, p, prune, debt)
+  local m = window(w, prune, debt and debt.fields)
   if prune and m.summed then redis.call('ZREMRANGEBYSCORE', f, '-inf', now) end
+  if debt and debt.ended > 0 then
+    redis.call('ZREM', f, unpack(ARGV, debt.ended_at, debt.ended_at + debt.ended - 1))
+  end
   m.fly = redis.call('ZCOUNT', f, '(' .. now, '+inf')
   local pv = redis.call('HMGET', p, day_field, month_field)
   m.d = tonumber(pv[1]) or 0

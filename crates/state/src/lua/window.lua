@@ -42,15 +42,22 @@ local function resum(w, m, prune)
 end
 
 -- One meter's window: requests and tokens in the minute (r, t) and the short window (r10, t10),
--- the current second's buckets (rb, tb), when its in-flight set expires (lease), and whether the
--- sums were made again now (summed).
-local function window(w, prune)
-  local v = redis.call('HMGET', w, 'R', 'T', 'O', 'R10', 'T10', r_now, t_now, 'L')
+-- the current second's buckets (rb, tb), when its in-flight set expires (lease), whether the
+-- sums were made again now (summed), and the raw values read (v: after the eight fields above,
+-- those of `extra`, a list of field names).
+local function window(w, prune, extra)
+  local v
+  if extra then
+    v = redis.call('HMGET', w, 'R', 'T', 'O', 'R10', 'T10', r_now, t_now, 'L', unpack(extra))
+  else
+    v = redis.call('HMGET', w, 'R', 'T', 'O', 'R10', 'T10', r_now, t_now, 'L')
+  end
   local m = {
     rb = tonumber(v[6]) or 0,
     tb = tonumber(v[7]) or 0,
     lease = tonumber(v[8]) or 0,
     summed = false,
+    v = v,
   }
   if v[3] and v[4] and tonumber(v[3]) >= oldest then
     m.r, m.t = tonumber(v[1]) or 0, tonumber(v[2]) or 0
@@ -63,11 +70,20 @@ local function window(w, prune)
 end
 
 -- Counts `requests` and `tokens` in the current second's buckets and every sum of window `m`
--- (read by `window` in this call), in one write; `extra` field-value pairs go along.
+-- (read by `window` in this call), in one write, with the corrections folded into `m` (debts.lua)
+-- and the field-value pairs given after `tokens`.
 local function count_in_window(w, m, requests, tokens, ...)
   m.rb, m.tb = m.rb + requests, m.tb + tokens
   m.r, m.t, m.r10, m.t10 = m.r + requests, m.t + tokens, m.r10 + requests, m.t10 + tokens
-  redis.call('HSET', w, r_now, m.rb, t_now, m.tb, 'R', m.r, 'T', m.t, 'R10', m.r10, 'T10', m.t10, ...)
+  local x = m.corrected
+  if x then
+    m.corrected = nil
+    local args = { r_now, m.rb, t_now, m.tb, 'R', m.r, 'T', m.t, 'R10', m.r10, 'T10', m.t10, ... }
+    for k = 1, #x do args[#args + 1] = x[k] end
+    redis.call('HSET', w, unpack(args))
+  else
+    redis.call('HSET', w, r_now, m.rb, t_now, m.tb, 'R', m.r, 'T', m.t, 'R10', m.r10, 'T10', m.t10, ...)
+  end
 end
 
 -- The in-flight set `f` must live until `until_ms`: extended (with a minute to spare, so the
