@@ -241,3 +241,70 @@ impl Ledger {
         !self.paying.swap(true, Ordering::AcqRel)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reservation(member: u64, tokens: u64) -> Reservation {
+        Reservation {
+            meters: vec![MeterKey::tenant("t"), MeterKey::key("t", "k")],
+            second: 100,
+            day: 7,
+            month: 9,
+            tokens,
+            micro_usd: 0,
+            member,
+            usage: Vec::new(),
+            shared: true,
+        }
+    }
+
+    const ENDED_AT_20: Settlement = Settlement {
+        tokens: 20,
+        micro_usd: 0,
+        release: true,
+    };
+
+    #[test]
+    fn settlements_of_one_second_sum_into_one_correction_a_meter() {
+        let ledger = Ledger::default();
+        ledger.settle(&reservation(1, 50), ENDED_AT_20);
+        ledger.settle(&reservation(2, 40), ENDED_AT_20);
+        let debts = ledger.take("t:t").expect("the tenant's tag owes");
+        assert_eq!(debts.meters.len(), 2, "the tenant's meter and its key's");
+        let (_, debt) = &debts.meters[0];
+        assert_eq!(&debt.buckets[..], &[(100, -50)]);
+        assert_eq!(&debt.days[..], &[(7, -50)]);
+        assert!(debt.months.is_empty(), "no spend changed");
+        assert_eq!(debt.ended, vec![1, 2]);
+        assert!(ledger.take("t:t").is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_count_settled_before_it_is_sent_never_enters_the_in_flight_set() {
+        let ledger = Ledger::default();
+        let meter = MeterKey::backend("ptu");
+        ledger.count(&meter, 30, 5, 60_000);
+        ledger.settle_count(&meter, 30, 5, ENDED_AT_20);
+        let debts = ledger.take("routing").expect("the routing tag owes");
+        let (_, debt) = &debts.meters[0];
+        assert_eq!(debt.counts.len(), 1);
+        assert_eq!((debt.counts[0].tokens, debt.counts[0].member), (20, None));
+        assert!(debt.ended.is_empty());
+    }
+
+    #[test]
+    fn a_count_sent_already_is_ended_with_its_tokens_beyond_the_estimate_counted_now() {
+        let ledger = Ledger::default();
+        let meter = MeterKey::backend("ptu");
+        ledger.count(&meter, 10, 5, 60_000);
+        assert_eq!(ledger.take_all().len(), 1, "sent");
+        ledger.settle_count(&meter, 10, 5, ENDED_AT_20);
+        let debts = ledger.take("routing").expect("the routing tag owes");
+        let (_, debt) = &debts.meters[0];
+        assert_eq!(debt.ended, vec![5]);
+        let extra = &debt.counts[0];
+        assert_eq!((extra.requests, extra.tokens, extra.member), (0, 10, None));
+    }
+}
