@@ -1,8 +1,11 @@
 //! The shared store: Redis (or Redis Cluster) through one reconnecting connection manager. Every
 //! decision is one Lua script (atomic, one round trip, timed by Redis `TIME`); every key carries a
 //! hash tag (`{prefix:routing}`, `{prefix:t:TENANT}`), so the keys one script touches share a
-//! Cluster slot. While Redis cannot be reached, `fail_open` serves from a local [`MemoryState`]
-//! (each instance enforcing the limits on its own) and `fail_closed` refuses decisions.
+//! Cluster slot; calls for several tags go in one pipeline. What a request owes after its answer
+//! (settlements, a backend's count) waits in the settlement queue ([`Ledger`]) for the next
+//! admission under its tag, or a moment. While Redis cannot be reached, `fail_open` serves from a
+//! local [`MemoryState`] (each instance enforcing the limits on its own) and `fail_closed`
+//! refuses decisions.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
