@@ -157,6 +157,8 @@ impl Running {
         // The sessions ran on the lanes; a lane stopped before would have dropped its sessions
         // without their close frames.
         drop(self.lanes);
+        // What the last requests owe the shared store would otherwise wait for a task of a lane.
+        runtime.state.settle_queued().await;
         stopping.close_admin(self.admins).await;
         for task in self.tasks {
             let _ = task.await;

@@ -1,7 +1,9 @@
-//! Two gateway instances, each with its own runtime, sharing one real Redis (127.0.0.1:6379, a
-//! key prefix of their own per run): a tenant's limits hold exactly across both, a 404 learned by
-//! one is skipped by the other without asking, and a target's breaker tripped on one is open on the other.
-//! The memory-state twin of the first test shows why Redis is there: each instance counts alone.
+//! Two and three gateway instances, each with its own runtime, sharing one real Redis
+//! (127.0.0.1:6379, a key prefix of their own per run): a tenant's rpm, tpm, max_in_flight and
+//! tokens_per_day hold exactly across all of them under concurrent load, a 404 learned by one is
+//! skipped by the other without asking, and a target's breaker tripped on one is open on the
+//! other. The memory-state twin of the first test shows why Redis is there: each instance counts
+//! alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -29,15 +31,27 @@ fn limited(limits: &str, state: &str) -> String {
 }
 
 async fn two_instances(config: &str) -> (Arc<Harness>, Vec<Arc<onedoor_gateway::Running>>) {
+    instances(2, Behavior::default(), config).await
+}
+
+/// `count` instances with `config` in front of backend `a`, which answers with `behavior`.
+async fn instances(
+    count: usize,
+    behavior: Behavior,
+    config: &str,
+) -> (Arc<Harness>, Vec<Arc<onedoor_gateway::Running>>) {
     let h = Harness::start(
-        vec![EndpointSpec::azure("a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))],
+        vec![EndpointSpec::azure("a", "swedencentral")
+            .deployment(DeploymentSpec::new("gpt-4o"))
+            .behavior(behavior)],
         config,
     )
     .await;
-    let second = another(&h, config).await;
-    let h = Arc::new(h);
-    let first = Arc::new(another(&h, config).await);
-    (h, vec![first, Arc::new(second)])
+    let mut gateways = Vec::with_capacity(count);
+    for _ in 0..count {
+        gateways.push(Arc::new(another(&h, config).await));
+    }
+    (Arc::new(h), gateways)
 }
 
 #[tokio::test]
@@ -95,6 +109,88 @@ async fn tpm_1000_across_two_instances_sharing_redis_admits_exactly_50_requests_
         "{}",
         refused.body
     );
+}
+
+#[tokio::test]
+async fn rpm_100_across_three_instances_sharing_redis_admits_exactly_100_of_300() {
+    let config = limited("{ rpm: 100 }", &shared_state("rpm-3"));
+    let (h, gateways) = instances(3, Behavior::default(), &config).await;
+    let answers = spread(&h, &gateways, chat_body("chat", false), 300, 24).await;
+    assert_eq!(tally(&answers), (100, 200, 0));
+    assert_eq!(h.endpoint("a").requests("gpt-4o"), 100);
+}
+
+#[tokio::test]
+async fn tpm_1000_across_three_instances_sharing_redis_admits_exactly_50_requests_of_20_tokens() {
+    let config = limited("{ tpm: 1000 }", &shared_state("tpm-3"));
+    let (h, gateways) = instances(3, Behavior::default(), &config).await;
+    let answers = spread(&h, &gateways, twenty_tokens(), 150, 24).await;
+    assert_eq!(tally(&answers), (50, 100, 0));
+    assert_eq!(h.endpoint("a").requests("gpt-4o"), 50);
+}
+
+/// `count` instances sharing tokens_per_day 1000: of 150 requests of 20 tokens sent 24 at a
+/// time, exactly 50 are admitted and the rest answered 403 quota_exceeded.
+async fn tokens_per_day_holds_across(count: usize) {
+    let test = format!("tokens-per-day-{count}");
+    let config = limited("{ tokens_per_day: 1000 }", &shared_state(&test));
+    let (h, gateways) = instances(count, Behavior::default(), &config).await;
+    let answers = spread(&h, &gateways, twenty_tokens(), 150, 24).await;
+    assert_eq!(tally(&answers), (50, 0, 100));
+    assert!(answers
+        .iter()
+        .filter(|a| a.status != 200)
+        .all(|a| a.status == 403 && a.code() == "quota_exceeded"));
+    assert_eq!(h.endpoint("a").requests("gpt-4o"), 50);
+}
+
+#[tokio::test]
+async fn tokens_per_day_1000_across_two_instances_sharing_redis_admits_exactly_50_of_150() {
+    tokens_per_day_holds_across(2).await;
+}
+
+#[tokio::test]
+async fn tokens_per_day_1000_across_three_instances_sharing_redis_admits_exactly_50_of_150() {
+    tokens_per_day_holds_across(3).await;
+}
+
+/// `count` instances sharing max_in_flight 4, in front of an upstream that takes 800 ms: of 24
+/// requests sent at once, exactly 4 are admitted; once they are answered, their slots are free
+/// on every instance.
+async fn max_in_flight_holds_across(count: usize) {
+    let test = format!("in-flight-{count}");
+    let config = limited("{ max_in_flight: 4 }", &shared_state(&test));
+    let slow = Behavior {
+        ttft_ms: 800,
+        ..Behavior::default()
+    };
+    let (h, gateways) = instances(count, slow, &config).await;
+    let answers = spread(&h, &gateways, chat_body("chat", false), 24, 24).await;
+    assert_eq!(tally(&answers), (4, 20, 0));
+    let refused = answers.iter().find(|a| a.status == 429).unwrap();
+    assert!(
+        refused.body.contains("4 requests in flight"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(h.endpoint("a").requests("gpt-4o"), 4);
+    for gateway in &gateways {
+        let freed = until(std::time::Duration::from_secs(3), || async {
+            chat_on(&h, gateway, &chat_body("chat", false)).await.status == 200
+        })
+        .await;
+        assert!(freed, "the slots are free again on {}", gateway.addr());
+    }
+}
+
+#[tokio::test]
+async fn max_in_flight_4_across_two_instances_sharing_redis_admits_exactly_4_of_24_at_once() {
+    max_in_flight_holds_across(2).await;
+}
+
+#[tokio::test]
+async fn max_in_flight_4_across_three_instances_sharing_redis_admits_exactly_4_of_24_at_once() {
+    max_in_flight_holds_across(3).await;
 }
 
 #[tokio::test]

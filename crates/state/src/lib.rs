@@ -8,6 +8,7 @@
 //! the Redis store keeps time by Redis `TIME`, so instances whose clocks drift still agree.
 
 mod breaker;
+mod ledger;
 mod memory;
 mod meter;
 mod redis;

@@ -1,7 +1,10 @@
 //! The shared store: Redis through one [`Link`] (one server, a Cluster or the master a Sentinel
 //! names). Every decision is one Lua script (atomic, one round trip, timed by Redis `TIME`); every
 //! key carries a hash tag (`{prefix:routing}`, `{prefix:t:TENANT}`), so the keys one script
-//! touches share a Cluster slot. While Redis cannot be reached, `fail_open` serves from a local
+//! touches share a Cluster slot; calls for several tags go in one pipeline (on a Cluster, the
+//! link sends them to their nodes at once). What a request owes after its answer (settlements, a
+//! backend's count) waits in the settlement queue ([`Ledger`]) for the next admission under its
+//! tag, or a moment. While Redis cannot be reached, `fail_open` serves from a local
 //! [`MemoryState`] (each instance enforcing the limits on its own) and `fail_closed` refuses
 //! decisions.
 
@@ -12,10 +15,13 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
+use smallvec::SmallVec;
 
 use crate::breaker::{Backoff, BreakerPhase, BreakerRecord, Claim};
+use crate::ledger::{settlement_debts, Debts, Ledger};
 use crate::meter::{
-    Ask, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, Verdict,
+    day_of, month_of, Ask, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation,
+    Settlement, Verdict,
 };
 use crate::redis_link::{Link, LinkSettings};
 use crate::{
@@ -63,25 +69,32 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     routing: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/routing.lua")
     )),
     admit: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/meter.lua"),
+        include_str!("lua/debts.lua"),
         include_str!("lua/admit.lua")
     )),
-    settle: Script::new(include_str!("lua/settle.lua")),
+    settle: Script::new(concat!(
+        include_str!("lua/clock.lua"),
+        include_str!("lua/window.lua"),
+        include_str!("lua/meter.lua"),
+        include_str!("lua/debts.lua"),
+        include_str!("lua/settle.lua")
+    )),
     charge: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/charge.lua")
     )),
     usage: Script::new(concat!(
         include_str!("lua/clock.lua"),
-        include_str!("lua/recent.lua"),
+        include_str!("lua/window.lua"),
         include_str!("lua/meter.lua"),
         include_str!("lua/usage.lua")
     )),
@@ -113,8 +126,10 @@ impl Keys {
         }
     }
 
-    fn hash(&self, name: &str) -> String {
-        [&self.routing, ":", name].concat()
+    /// The targets' hash: not-served, cooldown and served entries, each a [`Kind`] letter and
+    /// the target's [`field`].
+    fn targets(&self) -> String {
+        [&self.routing, ":tg"].concat()
     }
 
     fn breaker(&self, id: &str) -> String {
@@ -154,6 +169,28 @@ fn field(backend: &str, deployment: &str) -> String {
     [&backend.len().to_string(), ":", backend, deployment].concat()
 }
 
+/// The kinds of entry the targets' hash keeps, each a letter before the target's field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    NotServed,
+    CoolingDown,
+    Served,
+}
+
+impl Kind {
+    fn letter(self) -> &'static str {
+        match self {
+            Kind::NotServed => "n",
+            Kind::CoolingDown => "c",
+            Kind::Served => "s",
+        }
+    }
+
+    fn entry(self, target: &str) -> String {
+        [self.letter(), target].concat()
+    }
+}
+
 fn unfield(field: &str) -> Option<TargetKey> {
     let (len, rest) = field.split_once(':')?;
     let len: usize = len.parse().ok()?;
@@ -169,6 +206,13 @@ fn evalsha(script: &Script, keys: usize) -> Cmd {
     cmd
 }
 
+/// The first two arguments of every meter script: the UTC day and month by this instance's
+/// clock, which the script takes when Redis's day is the same (meter.lua).
+fn calendar_hints(cmd: &mut Cmd) {
+    let day = day_of(now_ms());
+    cmd.arg(day).arg(month_of(day));
+}
+
 /// Sends script calls in one pipeline, in order, and reads each one's numbers. A script this
 /// Redis does not hold yet (after a restart or a `SCRIPT FLUSH`) is loaded and only that call
 /// is sent again: a call that ran is never repeated.
@@ -176,20 +220,33 @@ async fn pipelined<const N: usize>(
     connection: &mut Link,
     calls: [(&Script, Cmd); N],
 ) -> RedisResult<[Vec<i64>; N]> {
+    let replies = pipelined_all(connection, &calls).await?;
+    let mut out: [Vec<i64>; N] = std::array::from_fn(|_| Vec::new());
+    for (slot, reply) in out.iter_mut().zip(replies) {
+        *slot = reply;
+    }
+    Ok(out)
+}
+
+/// [`pipelined`] for any number of calls.
+async fn pipelined_all(
+    connection: &mut Link,
+    calls: &[(&Script, Cmd)],
+) -> RedisResult<Vec<Vec<i64>>> {
     let mut pipe = redis::pipe();
-    for (_, cmd) in &calls {
+    for (_, cmd) in calls {
         pipe.add_command(cmd.clone());
     }
     let replies: Vec<Value> = pipe.ignore_errors().query_async(connection).await?;
-    let mut out: [Vec<i64>; N] = std::array::from_fn(|_| Vec::new());
-    for ((slot, (script, cmd)), reply) in out.iter_mut().zip(&calls).zip(replies) {
-        *slot = match reply {
+    let mut out = Vec::with_capacity(calls.len());
+    for ((script, cmd), reply) in calls.iter().zip(replies) {
+        out.push(match reply {
             Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript) => {
                 script.load_async(connection).await?;
                 cmd.query_async(connection).await?
             }
             reply => redis::from_redis_value(reply.extract_error()?)?,
-        };
+        });
     }
     Ok(out)
 }
@@ -256,6 +313,16 @@ pub struct RedisState {
     down: AtomicBool,
     errors: AtomicU64,
     outages: AtomicU64,
+    /// What ended requests still owe their meters, paid with the next admission under their
+    /// tag or a moment later.
+    pub(crate) ledger: Ledger,
+}
+
+impl Drop for RedisState {
+    fn drop(&mut self) {
+        // The paying task wakes, finds the store gone and ends.
+        self.ledger.bell.notify_one();
+    }
 }
 
 impl RedisState {
@@ -279,6 +346,7 @@ impl RedisState {
             down: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             outages: AtomicU64::new(0),
+            ledger: Ledger::default(),
         }
     }
 
@@ -358,6 +426,20 @@ impl RedisState {
         }
     }
 
+    /// Settles a reservation made in this instance's own memory (during an outage).
+    pub(crate) fn settle_locally(&self, reservation: &Reservation, settlement: Settlement) {
+        self.local.settle_now(reservation, settlement);
+    }
+
+    /// A backend's count while Redis is unreachable: in this instance's own memory under
+    /// `fail_open`, none under `fail_closed`.
+    pub(crate) fn admit_locally(&self, ask: &Ask) -> Option<Reservation> {
+        match self.fallback(|local| local.admit_now(ask)) {
+            Ok(Verdict::Admitted(reservation)) => Some(reservation),
+            _ => None,
+        }
+    }
+
     fn fallback<T>(&self, local: impl FnOnce(&MemoryState) -> T) -> Result<T, Unavailable> {
         match self.on_error {
             OnError::FailOpen => Ok(local(&self.local)),
@@ -365,35 +447,47 @@ impl RedisState {
         }
     }
 
-    async fn mark(&self, op: &'static str, hash: &str, key: &TargetKey, ms: u64) {
-        let keys = [self.keys.hash(hash), self.keys.hash("ns")];
-        let field = field(&key.backend, &key.deployment);
+    async fn mark(&self, kind: Kind, key: &TargetKey, ms: u64) {
+        let hash = self.keys.targets();
+        let target = field(&key.backend, &key.deployment);
+        let op = match kind {
+            Kind::NotServed => "set",
+            Kind::CoolingDown => "extend",
+            Kind::Served => "served",
+        };
         let done = self
             .call(|mut c| async move {
                 SCRIPTS
                     .mark
-                    .key(&keys[0])
-                    .key(&keys[1])
+                    .key(hash)
                     .arg(op)
-                    .arg(field)
+                    .arg(kind.entry(&target))
                     .arg(ms)
+                    .arg(Kind::NotServed.entry(&target))
                     .invoke_async::<i64>(&mut c)
                     .await
             })
             .await;
         if done.is_none() {
-            match op {
-                "set" => self.local.mark_not_served_now(key, ms),
-                "served" => self.local.mark_served_now(key, ms),
-                _ => self.local.cool_down_now(key, ms),
+            match kind {
+                Kind::NotServed => self.local.mark_not_served_now(key, ms),
+                Kind::Served => self.local.mark_served_now(key, ms),
+                Kind::CoolingDown => self.local.cool_down_now(key, ms),
             }
         }
     }
 
-    async fn list(&self, hash: &str) -> Option<Vec<Entry>> {
-        let key = self.keys.hash(hash);
+    async fn list(&self, kind: Kind) -> Option<Vec<Entry>> {
+        let key = self.keys.targets();
         let flat: Vec<String> = self
-            .call(|mut c| async move { SCRIPTS.list.key(key).invoke_async(&mut c).await })
+            .call(|mut c| async move {
+                SCRIPTS
+                    .list
+                    .key(key)
+                    .arg(kind.letter())
+                    .invoke_async(&mut c)
+                    .await
+            })
             .await?;
         let mut entries: Vec<Entry> = flat
             .chunks(2)
@@ -424,14 +518,15 @@ impl RedisState {
     }
 
     fn routing_keys(&self, query: &RoutingQuery<'_>) -> (Vec<String>, Vec<String>) {
-        let mut keys = vec![
-            self.keys.hash("ns"),
-            self.keys.hash("cd"),
-            self.keys.hash("sv"),
-        ];
-        let mut args = Vec::with_capacity(1 + query.targets.len() + query.backends.len());
+        let mut keys = vec![self.keys.targets()];
+        let mut args = Vec::with_capacity(1 + 3 * query.targets.len() + query.backends.len());
         args.push(query.targets.len().to_string());
-        args.extend(query.targets.iter().map(|(b, d)| field(b, d)));
+        for (backend, deployment) in query.targets {
+            let target = field(backend, deployment);
+            for kind in [Kind::NotServed, Kind::CoolingDown, Kind::Served] {
+                args.push(kind.entry(&target));
+            }
+        }
         for backend in query.backends {
             keys.push(self.keys.breaker(backend.breaker.unwrap_or("-")));
             let [w, f, _] = self.keys.meter(&MeterKey::backend(backend.name));
@@ -465,6 +560,8 @@ impl RedisState {
                 for key in keys {
                     invocation.key(key);
                 }
+                let day = day_of(now_ms());
+                invocation.arg(day).arg(month_of(day));
                 invocation.invoke_async(&mut c).await
             })
             .await?;
@@ -472,12 +569,23 @@ impl RedisState {
         Some(meters.into_iter().zip(usage).collect())
     }
 
-    /// The admission script's call for `ask`, as [`State::admit`] sends it.
-    fn admit_cmd(&self, ask: &Ask, member: u64) -> Cmd {
-        let mut cmd = evalsha(&SCRIPTS.admit, 3 * ask.meters.len());
-        for key in self.keys.meters(ask.meters.iter().map(|(meter, _)| meter)) {
+    /// The admission script's call for `ask`, as [`State::admit`] sends it, paying `debts`
+    /// (of the ask's tag) first.
+    fn admit_cmd(&self, ask: &Ask, member: u64, debts: Option<&Debts>) -> Cmd {
+        let asked = || ask.meters.iter().map(|(meter, _)| meter);
+        let others: SmallVec<[&MeterKey; 2]> = debts
+            .map(|debts| {
+                debts
+                    .meters()
+                    .filter(|key| !asked().any(|k| k == *key))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut cmd = evalsha(&SCRIPTS.admit, 3 * (ask.meters.len() + others.len()));
+        for key in self.keys.meters(asked().chain(others.iter().copied())) {
             cmd.arg(key);
         }
+        calendar_hints(&mut cmd);
         cmd.arg(ask.meters.len())
             .arg(ask.charge.tokens)
             .arg(ask.charge.micro_usd)
@@ -489,7 +597,55 @@ impl RedisState {
                 cmd.arg(limit);
             }
         }
+        if let Some(debts) = debts {
+            debts.write(&mut cmd, |key| {
+                let at = asked().position(|k| k == key);
+                1 + at.unwrap_or_else(|| {
+                    ask.meters.len() + others.iter().position(|k| *k == key).unwrap_or(0)
+                })
+            });
+        }
         cmd
+    }
+
+    /// The settlement script's call paying `debts` (of one tag).
+    fn settle_cmd(&self, debts: &Debts) -> Cmd {
+        let owed: SmallVec<[&MeterKey; 2]> = debts.meters().collect();
+        let mut cmd = evalsha(&SCRIPTS.settle, 3 * owed.len());
+        for key in self.keys.meters(owed.iter().copied()) {
+            cmd.arg(key);
+        }
+        calendar_hints(&mut cmd);
+        debts.write(&mut cmd, |key| {
+            1 + owed.iter().position(|k| *k == key).unwrap_or(0)
+        });
+        cmd
+    }
+
+    /// The debts of the tag `ask` charges (all its meters share one), for its admission to pay.
+    fn debts_for(&self, ask: &Ask) -> Option<Debts> {
+        let (first, _) = ask.meters.first()?;
+        if ask.meters.iter().any(|(key, _)| key.tag != first.tag) {
+            return None;
+        }
+        self.ledger.take(&first.tag)
+    }
+
+    /// Pays every queued debt, one script call a tag, in one pipeline. Debts that cannot be
+    /// paid now are dropped: their estimates stay charged, their time in flight ends with their
+    /// leases (as a settlement that fails).
+    pub(crate) async fn pay_debts(&self) {
+        let owed = self.ledger.take_all();
+        if owed.is_empty() {
+            return;
+        }
+        let calls: Vec<(&Script, Cmd)> = owed
+            .values()
+            .map(|debts| (&SCRIPTS.settle, self.settle_cmd(debts)))
+            .collect();
+        let _ = self
+            .call(|mut c| async move { pipelined_all(&mut c, &calls).await })
+            .await;
     }
 
     /// The routing script's call for `query`, as [`State::routing`] sends it.
@@ -600,26 +756,26 @@ impl State for RedisState {
     }
 
     async fn mark_not_served(&self, key: &TargetKey, ttl_ms: u64) {
-        self.mark("set", "ns", key, ttl_ms).await
+        self.mark(Kind::NotServed, key, ttl_ms).await
     }
 
     async fn mark_served(&self, key: &TargetKey, ttl_ms: u64) {
-        self.mark("served", "sv", key, ttl_ms).await
+        self.mark(Kind::Served, key, ttl_ms).await
     }
 
     async fn cool_down(&self, key: &TargetKey, wait_ms: u64) {
-        self.mark("extend", "cd", key, wait_ms).await
+        self.mark(Kind::CoolingDown, key, wait_ms).await
     }
 
     async fn not_served(&self) -> Result<Vec<Entry>, Unavailable> {
-        match self.list("ns").await {
+        match self.list(Kind::NotServed).await {
             Some(entries) => Ok(entries),
             None => self.fallback(MemoryState::not_served_now),
         }
     }
 
     async fn cooldowns(&self) -> Result<Vec<Entry>, Unavailable> {
-        match self.list("cd").await {
+        match self.list(Kind::CoolingDown).await {
             Some(entries) => Ok(entries),
             None => self.fallback(MemoryState::cooldowns_now),
         }
@@ -627,7 +783,8 @@ impl State for RedisState {
 
     async fn admit(&self, ask: &Ask) -> Result<Verdict, Unavailable> {
         let member: u64 = rand::random();
-        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member))];
+        let debts = self.debts_for(ask);
+        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref()))];
         let values = self
             .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
@@ -648,8 +805,9 @@ impl State for RedisState {
         Result<RoutingView, Unavailable>,
     ) {
         let member: u64 = rand::random();
+        let debts = self.debts_for(ask);
         let calls = [
-            (&SCRIPTS.admit, self.admit_cmd(ask, member)),
+            (&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref())),
             (&SCRIPTS.routing, self.routing_cmd(&query)),
         ];
         let values = self
@@ -672,26 +830,14 @@ impl State for RedisState {
             self.local.settle_now(reservation, settlement);
             return;
         }
-        let tokens = settlement.tokens as i64 - reservation.tokens as i64;
-        let usd = settlement.micro_usd as i64 - reservation.micro_usd as i64;
         // A shared reservation that cannot be settled now keeps its estimate; its time in
         // flight ends with its lease.
+        let calls = [(
+            &SCRIPTS.settle,
+            self.settle_cmd(&settlement_debts(reservation, settlement)),
+        )];
         let _ = self
-            .call(|mut c| async move {
-                let mut invocation = SCRIPTS.settle.prepare_invoke();
-                for key in self.keys.meters(&reservation.meters) {
-                    invocation.key(key);
-                }
-                invocation
-                    .arg(reservation.second)
-                    .arg(reservation.day)
-                    .arg(reservation.month)
-                    .arg(tokens)
-                    .arg(usd)
-                    .arg(reservation.member)
-                    .arg(u8::from(settlement.release));
-                invocation.invoke_async::<i64>(&mut c).await
-            })
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
     }
 
@@ -707,7 +853,12 @@ impl State for RedisState {
                 for key in self.keys.meters(meters) {
                     invocation.key(key);
                 }
-                invocation.arg(tokens).arg(micro_usd);
+                let day = day_of(now_ms());
+                invocation
+                    .arg(day)
+                    .arg(month_of(day))
+                    .arg(tokens)
+                    .arg(micro_usd);
                 invocation.invoke_async(&mut c).await
             })
             .await;
@@ -718,8 +869,10 @@ impl State for RedisState {
     }
 
     /// One script call per hash tag (a Cluster runs a script on the keys of one slot only), all
-    /// at once; the answers come back in the order of `meters`.
+    /// at once; the answers come back in the order of `meters`. This instance's queued debts are
+    /// paid first, so what it reports includes its own ended requests.
     async fn usage(&self, meters: &[MeterKey]) -> Result<Vec<MeterUsage>, Unavailable> {
+        self.pay_debts().await;
         let mut tags: Vec<&str> = meters.iter().map(|m| m.tag.as_str()).collect();
         tags.sort_unstable();
         tags.dedup();

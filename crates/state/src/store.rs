@@ -1,8 +1,11 @@
 //! The store the config chose (`state.store`): memory or Redis, behind one type that the gateway
 //! holds, so the memory path stays a direct call with nothing boxed.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
+use tokio::sync::Notify;
+
+use crate::ledger::FLUSH_AFTER;
 use crate::meter::{Ask, MeterKey, MeterUsage, Reservation, Settlement, Verdict};
 use crate::redis::{OnError, RedisConfig, RedisState};
 use crate::{
@@ -24,11 +27,16 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// A charge made without waiting: made already, or still on its way to Redis.
+/// A charge made without waiting: made already, or queued for Redis (its one meter, its
+/// in-flight member and the tokens it counted).
 #[derive(Debug)]
 pub enum Detached {
     Made(Option<Reservation>),
-    Pending(tokio::task::JoinHandle<Option<Reservation>>),
+    Queued {
+        meter: MeterKey,
+        member: u64,
+        tokens: u64,
+    },
 }
 
 /// How the store stands, for `/readyz` and operators.
@@ -95,58 +103,92 @@ impl Store {
         }
     }
 
-    /// [`State::settle`] without waiting for it: at once in memory, as a task for Redis (the
-    /// answer has gone out already, nothing waits on it).
+    /// [`State::settle`] without waiting for it: at once in memory; for Redis into the
+    /// settlement queue, which the next admission of the same tenant takes along (so it decides
+    /// on it) or which is paid within a few milliseconds.
     pub fn settle_detached(self: &Arc<Self>, reservation: &Reservation, settlement: Settlement) {
         match self.as_ref() {
             Store::Memory(memory) => memory.settle_now(reservation, settlement),
-            Store::Redis(_) => {
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    let (store, reservation) = (self.clone(), reservation.clone());
-                    handle.spawn(async move { store.settle(&reservation, settlement).await });
-                }
+            Store::Redis(redis) if reservation.shared => {
+                redis.ledger.settle(reservation, settlement);
+                self.pay_queued_debts();
             }
+            Store::Redis(redis) => redis.settle_locally(reservation, settlement),
         }
     }
 
-    /// [`State::admit`] without waiting for it (a backend's count, which refuses nothing): at
-    /// once in memory, as a task for Redis. [`Store::settle_after`] settles it once it is made.
+    /// [`State::admit`] without waiting for it, for a backend's count (which refuses nothing, and
+    /// has one meter): at once in memory; for Redis into the settlement queue, counted within a
+    /// few milliseconds. [`Store::settle_after`] settles it.
     pub fn admit_detached(self: &Arc<Self>, ask: Ask) -> Detached {
-        match self.as_ref() {
-            Store::Memory(memory) => Detached::Made(match memory.admit_now(&ask) {
+        match (self.as_ref(), ask.meters.first()) {
+            (Store::Redis(redis), Some((meter, _))) if redis.reachable() => {
+                let member: u64 = rand::random();
+                let tokens = ask.charge.tokens;
+                redis
+                    .ledger
+                    .count(meter, tokens, member, ask.charge.lease_ms);
+                self.pay_queued_debts();
+                Detached::Queued {
+                    meter: meter.clone(),
+                    member,
+                    tokens,
+                }
+            }
+            (Store::Redis(redis), _) => Detached::Made(redis.admit_locally(&ask)),
+            (Store::Memory(memory), _) => Detached::Made(match memory.admit_now(&ask) {
                 Verdict::Admitted(reservation) => Some(reservation),
                 Verdict::Refused(_) => None,
             }),
-            Store::Redis(_) => match tokio::runtime::Handle::try_current() {
-                Ok(handle) => {
-                    let store = self.clone();
-                    Detached::Pending(handle.spawn(async move {
-                        match store.admit(&ask).await {
-                            Ok(Verdict::Admitted(reservation)) => Some(reservation),
-                            _ => None,
-                        }
-                    }))
-                }
-                Err(_) => Detached::Made(None),
-            },
         }
     }
 
-    /// Settles a [`Store::admit_detached`] charge once it has been made, without waiting.
+    /// Settles a [`Store::admit_detached`] charge without waiting.
     pub fn settle_after(self: &Arc<Self>, detached: Detached, settlement: Settlement) {
-        match detached {
-            Detached::Made(Some(reservation)) => self.settle_detached(&reservation, settlement),
-            Detached::Made(None) => {}
-            Detached::Pending(made) => {
-                let store = self.clone();
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(async move {
-                        if let Ok(Some(reservation)) = made.await {
-                            store.settle(&reservation, settlement).await;
-                        }
-                    });
-                }
+        match (self.as_ref(), detached) {
+            (_, Detached::Made(Some(reservation))) => {
+                self.settle_detached(&reservation, settlement)
             }
+            (_, Detached::Made(None)) => {}
+            (
+                Store::Redis(redis),
+                Detached::Queued {
+                    meter,
+                    member,
+                    tokens,
+                },
+            ) => {
+                redis
+                    .ledger
+                    .settle_count(&meter, tokens, member, settlement);
+                self.pay_queued_debts();
+            }
+            (Store::Memory(_), Detached::Queued { .. }) => {}
+        }
+    }
+
+    /// Pays what the Redis settlement queue holds now (at a graceful stop, once the requests
+    /// are over).
+    pub async fn settle_queued(&self) {
+        if let Store::Redis(redis) = self {
+            redis.pay_debts().await;
+        }
+    }
+
+    /// Starts, once, the task that pays the Redis settlement queue a moment after it stops
+    /// being empty. It holds the store only while it pays, and ends once the store is gone.
+    fn pay_queued_debts(self: &Arc<Self>) {
+        let Store::Redis(redis) = self.as_ref() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if redis.ledger.start_paying() {
+            runtime.spawn(pay_after_each_debt(
+                Arc::downgrade(self),
+                redis.ledger.bell.clone(),
+            ));
         }
     }
 
@@ -174,6 +216,19 @@ impl Store {
                     handle.spawn(async move { store.release_probe(&id).await });
                 }
             }
+        }
+    }
+}
+
+async fn pay_after_each_debt(store: Weak<Store>, bell: Arc<Notify>) {
+    loop {
+        bell.notified().await;
+        tokio::time::sleep(FLUSH_AFTER).await;
+        let Some(store) = store.upgrade() else {
+            return;
+        };
+        if let Store::Redis(redis) = store.as_ref() {
+            redis.pay_debts().await;
         }
     }
 }

@@ -8,8 +8,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use onedoor_state::{
     Ask, BackendQuery, Backoff, BreakerPhase, Charge, Claim, Exclusion, Limit, MeterKey,
-    MeterLimits, OnError, RedisConfig, RedisState, RoutingQuery, Settlement, State, TargetKey,
-    Verdict,
+    MeterLimits, MeterUsage, OnError, RedisConfig, RedisState, RoutingQuery, Settlement, State,
+    Store, TargetKey, Verdict,
 };
 
 const REDIS: &str = "127.0.0.1:6379";
@@ -17,6 +17,13 @@ const REDIS: &str = "127.0.0.1:6379";
 /// A store on the machine's Redis under a prefix no other run uses, or a failure that says how
 /// to start Redis.
 async fn redis(test: &str) -> RedisState {
+    let store = RedisState::new(&config(test));
+    assert!(store.ping().await, "Redis at {REDIS} does not answer PING");
+    store
+}
+
+/// A config for the machine's Redis under a prefix no other run uses.
+fn config(test: &str) -> RedisConfig {
     if std::net::TcpStream::connect(REDIS).is_err() {
         panic!(
             "this test needs Redis at {REDIS}; start it with: redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no"
@@ -26,14 +33,12 @@ async fn redis(test: &str) -> RedisState {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let store = RedisState::new(&RedisConfig {
+    RedisConfig {
         url: format!("redis://{REDIS}/0"),
         ca_file: None,
         key_prefix: format!("test-{test}-{}-{nanos}", std::process::id()),
         on_error: OnError::FailClosed,
-    });
-    assert!(store.ping().await, "Redis at {REDIS} does not answer PING");
-    store
+    }
 }
 
 fn ask(rpm: Option<u64>, tpm: Option<u64>, tokens: u64) -> Ask {
@@ -500,4 +505,158 @@ async fn the_last_ten_seconds_are_counted_as_in_memory() {
     assert_eq!(short(shared_read), (3, 45, 2));
     assert_eq!(short(shared_view), short(local_view));
     assert_eq!(short(shared_view), (3, 45, 2));
+}
+
+/// Polls `check` every 5 ms for up to a second.
+async fn soon<F, Fut>(mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    false
+}
+
+fn one_in_flight() -> Ask {
+    Ask {
+        meters: vec![(
+            MeterKey::tenant("t"),
+            MeterLimits {
+                max_in_flight: Some(1),
+                ..MeterLimits::default()
+            },
+        )],
+        charge: Charge {
+            tokens: 50,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
+        enforce: true,
+    }
+}
+
+const ENDED_AT_20: Settlement = Settlement {
+    tokens: 20,
+    micro_usd: 0,
+    release: true,
+};
+
+#[tokio::test]
+async fn a_queued_settlement_is_paid_by_the_next_admission_of_its_tenant() {
+    let store = Arc::new(Store::redis(&config("ride-along")));
+    let Verdict::Admitted(held) = store.admit(&one_in_flight()).await.unwrap() else {
+        panic!("the first request fits");
+    };
+    store.settle_detached(&held, ENDED_AT_20);
+    let Verdict::Admitted(next) = store.admit(&one_in_flight()).await.unwrap() else {
+        panic!("the admission right after the end saw it");
+    };
+    assert_eq!((next.usage[0].in_flight, next.usage[0].tokens), (1, 70));
+}
+
+#[tokio::test]
+async fn a_settlement_no_admission_takes_along_is_paid_within_milliseconds() {
+    let config = config("paid-alone");
+    let (store, other) = (Arc::new(Store::redis(&config)), RedisState::new(&config));
+    let Verdict::Admitted(held) = store.admit(&one_in_flight()).await.unwrap() else {
+        panic!("the first request fits");
+    };
+    store.settle_detached(&held, ENDED_AT_20);
+    let tenant = [MeterKey::tenant("t")];
+    let paid = soon(|| async {
+        let usage = other.usage(&tenant).await.unwrap()[0];
+        (usage.in_flight, usage.tokens, usage.day_tokens) == (0, 20, 20)
+    })
+    .await;
+    assert!(paid, "another instance sees the end and the real tokens");
+}
+
+fn backend_count(tokens: u64) -> Ask {
+    Ask {
+        meters: vec![(MeterKey::backend("ptu"), MeterLimits::default())],
+        charge: Charge {
+            tokens,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
+        enforce: false,
+    }
+}
+
+#[tokio::test]
+async fn a_backends_count_is_made_and_settled_without_waiting() {
+    let config = config("backend-count");
+    let (store, other) = (Arc::new(Store::redis(&config)), RedisState::new(&config));
+    let meter = [MeterKey::backend("ptu")];
+    let read = |usage: MeterUsage| (usage.requests, usage.tokens, usage.in_flight);
+    // Settled before it was sent: counted once, with its final tokens, never in flight.
+    let quick = store.admit_detached(backend_count(30));
+    store.settle_after(quick, ENDED_AT_20);
+    assert!(soon(|| async { read(other.usage(&meter).await.unwrap()[0]) == (1, 20, 0) }).await);
+    // Sent, then settled above its estimate: in flight until it ends, then its extra tokens.
+    let slow = store.admit_detached(backend_count(10));
+    assert!(soon(|| async { read(other.usage(&meter).await.unwrap()[0]) == (2, 30, 1) }).await);
+    store.settle_after(slow, ENDED_AT_20);
+    assert!(soon(|| async { read(other.usage(&meter).await.unwrap()[0]) == (2, 40, 0) }).await);
+}
+
+fn tpm_100(tokens: u64) -> Ask {
+    Ask {
+        meters: vec![(
+            MeterKey::tenant("t"),
+            MeterLimits {
+                tpm: Some(100),
+                ..MeterLimits::default()
+            },
+        )],
+        charge: Charge {
+            tokens,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
+        enforce: true,
+    }
+}
+
+#[tokio::test]
+async fn a_refused_admission_still_pays_the_debts_it_took_along() {
+    let config = config("refused-pays");
+    let (store, other) = (Arc::new(Store::redis(&config)), RedisState::new(&config));
+    let Verdict::Admitted(held) = store.admit(&tpm_100(50)).await.unwrap() else {
+        panic!("50 of 100 fits");
+    };
+    store.settle_detached(&held, ENDED_AT_20);
+    let Verdict::Refused(refusal) = store.admit(&tpm_100(90)).await.unwrap() else {
+        panic!("20 + 90 is over 100");
+    };
+    assert_eq!((refusal.limit, refusal.used), (Limit::Tpm, 20));
+    let seen = other.usage(&[MeterKey::tenant("t")]).await.unwrap()[0];
+    assert_eq!((seen.tokens, seen.in_flight, seen.day_tokens), (20, 0, 20));
+}
+
+#[tokio::test]
+async fn a_debt_from_an_earlier_second_corrects_its_own_bucket() {
+    let config = config("earlier-second");
+    let (store, other) = (Arc::new(Store::redis(&config)), RedisState::new(&config));
+    let Verdict::Admitted(held) = store.admit(&tpm_100(50)).await.unwrap() else {
+        panic!("50 of 100 fits");
+    };
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let next_second = 1_000 - u64::from(now.subsec_millis()) + 20;
+    tokio::time::sleep(std::time::Duration::from_millis(next_second)).await;
+    store.settle_detached(&held, ENDED_AT_20);
+    let Verdict::Admitted(next) = store.admit(&tpm_100(80)).await.unwrap() else {
+        panic!("20 + 80 fits in 100");
+    };
+    assert_eq!(next.usage[0].tokens, 100);
+    let seen = other.usage(&[MeterKey::tenant("t")]).await.unwrap()[0];
+    assert_eq!(
+        (seen.tokens, seen.tokens_10s, seen.in_flight),
+        (100, 100, 1)
+    );
 }

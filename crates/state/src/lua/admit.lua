@@ -1,20 +1,27 @@
--- Checks every meter against its limits and charges all of them only when all have room.
--- KEYS: per meter its window hash, in-flight set and period hash (all under one hash tag).
--- ARGV: meter count N, tokens, millionths of a dollar, lease ms, in-flight member, enforce (0/1),
--- then per meter rpm, tpm, max_in_flight, tokens_per_day, micro_usd_per_month (-1: no limit).
+-- Checks every meter against its limits and charges all of them only when all have room; first
+-- it pays what earlier requests of this instance still owe the same hash tag (debts.lua; those
+-- of its own meters folded into its reads and writes), so the check sees their ends and real
+-- usage.
+-- KEYS: per meter its window hash, in-flight set and period hash (all under one hash tag), then
+-- those of the other meters the debts name.
+-- ARGV: UTC day and month hints (meter.lua), meter count N, tokens, millionths of a dollar, lease
+-- ms, in-flight member, enforce (0/1), then per meter rpm, tpm, max_in_flight, tokens_per_day,
+-- micro_usd_per_month (-1: no limit), then the debts (debts.lua).
 -- Returns {1, second, day, month, per meter: requests, tokens, in flight, day tokens, month
 -- spend, requests and tokens of the last ten seconds after the charge} or {0, meter, limit code, retry ms, used, cap, asked, per meter usage}.
-local n = tonumber(ARGV[1])
-local tokens = tonumber(ARGV[2])
-local usd = tonumber(ARGV[3])
-local lease = tonumber(ARGV[4])
-local member = ARGV[5]
-local enforce = ARGV[6] == '1'
+local n = tonumber(ARGV[3])
+local owed = pay_debts(9 + 5 * n, n)
+local tokens = tonumber(ARGV[4])
+local usd = tonumber(ARGV[5])
+local lease = tonumber(ARGV[6])
+local member = ARGV[7]
+local enforce = ARGV[8] == '1'
 
 local meters = {}
 for i = 1, n do
-  local m = read_meter(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], true)
-  local b = 6 + 5 * (i - 1)
+  local m = read_meter(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], true, owed[i])
+  if owed[i] then fold(m, owed[i]) end
+  local b = 8 + 5 * (i - 1)
   m.rpm, m.tpm, m.cap = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
   m.dcap, m.mcap = tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
   meters[i] = m
@@ -43,6 +50,18 @@ local function usage(out)
   return out
 end
 
+-- A refusal writes what the debts folded in before it reads buckets for its retry-after.
+local written = false
+local function write_all_folded()
+  if written then return end
+  written = true
+  for i = 1, n do write_folded(KEYS[3 * i - 2], KEYS[3 * i], meters[i]) end
+end
+local function live_buckets(w, kind)
+  write_all_folded()
+  return buckets(w, kind)
+end
+
 if enforce then
   local period, rate = nil, nil
   for i = 1, n do
@@ -51,8 +70,8 @@ if enforce then
     if m.dcap >= 0 and m.d + tokens > m.dcap then checks[#checks + 1] = { 4, (day + 1) * 86400000 - now, m.d, m.dcap, tokens } end
     if m.mcap >= 0 and m.m + usd > m.mcap then checks[#checks + 1] = { 5, month_ends_in(), m.m, m.mcap, usd } end
     local w = KEYS[3 * i - 2]
-    if m.rpm >= 0 and m.r + 1 > m.rpm then checks[#checks + 1] = { 1, frees(buckets(w, 'r'), m.r, m.rpm, 1), m.r, m.rpm, 1 } end
-    if m.tpm >= 0 and m.t + tokens > m.tpm then checks[#checks + 1] = { 2, frees(buckets(w, 't'), m.t, m.tpm, tokens), m.t, m.tpm, tokens } end
+    if m.rpm >= 0 and m.r + 1 > m.rpm then checks[#checks + 1] = { 1, frees(live_buckets(w, 'r'), m.r, m.rpm, 1), m.r, m.rpm, 1 } end
+    if m.tpm >= 0 and m.t + tokens > m.tpm then checks[#checks + 1] = { 2, frees(live_buckets(w, 't'), m.t, m.tpm, tokens), m.t, m.tpm, tokens } end
     if m.cap >= 0 and m.fly + 1 > m.cap then checks[#checks + 1] = { 3, 1000, m.fly, m.cap, 1 } end
     for _, c in ipairs(checks) do
       if c[1] >= 4 then
@@ -64,6 +83,7 @@ if enforce then
   end
   local refused = period or rate
   if refused then
+    write_all_folded()
     local c = refused[2]
     return usage({ 0, refused[1] - 1, c[1], c[2], c[3], c[4], c[5] })
   end
@@ -72,15 +92,9 @@ end
 for i = 1, n do
   local w, f, p = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local m = meters[i]
-  redis.call('HINCRBY', w, 'r' .. second, 1)
-  redis.call('HINCRBY', w, 't' .. second, tokens)
-  redis.call('HINCRBY', w, 'R', 1)
-  redis.call('HINCRBY', w, 'T', tokens)
-  redis.call('PEXPIRE', w, 61000)
   redis.call('ZADD', f, now + lease, member)
-  redis.call('PEXPIRE', f, lease + 1000)
-  charge_period(p, tokens, usd)
-  m.r, m.t, m.fly, m.d, m.m = m.r + 1, m.t + tokens, m.fly + 1, m.d + tokens, m.m + usd
-  m.r10, m.t10 = m.r10 + 1, m.t10 + tokens
+  count_in_window(w, m, 1, tokens, lease_to(f, m, now + lease + 1000))
+  charge_period(p, m, tokens, usd)
+  m.fly = m.fly + 1
 end
 return usage({ 1, second, day, month })

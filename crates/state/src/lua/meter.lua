@@ -1,5 +1,5 @@
--- Shared head of the meter scripts: UTC calendar arithmetic (Howard Hinnant's civil_from_days /
--- days_from_civil, as in meter.rs) and reading one meter.
+-- Shared head of the meter scripts (after window.lua; their own arguments start at ARGV[3]): UTC calendar arithmetic (Howard Hinnant's
+-- civil_from_days / days_from_civil, as in meter.rs), reading one meter and charging its periods.
 local function civil(days)
   local z = days + 719468
   local era = math.floor(z / 146097)
@@ -21,44 +21,22 @@ local function days_from_civil(y, mo, d)
   local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
   return era * 146097 + doe - 719468
 end
-local second = math.floor(now / 1000)
-local oldest = second - 59
+-- ARGV[1] and ARGV[2] are the UTC day and month by the caller's clock: when its day is Redis's,
+-- they are taken as they are (no calendar arithmetic, no number to format); otherwise (around
+-- midnight, with clocks that drift) they are worked out here.
 local day = math.floor(now / 86400000)
-local year, mon = civil(day)
-local month = year * 12 + mon - 1
+local month, day_field, month_field
+if tonumber(ARGV[1]) == day then
+  month = tonumber(ARGV[2])
+  day_field, month_field = 'd' .. ARGV[1], 'm' .. ARGV[2]
+else
+  local year, mon = civil(day)
+  month = year * 12 + mon - 1
+  day_field, month_field = 'd' .. day, 'm' .. month
+end
 local function month_ends_in()
   local next = month + 1
   return days_from_civil(math.floor(next / 12), next % 12 + 1, 1) * 86400000 - now
-end
-
--- A meter's window is one hash: per-second buckets `r<second>` and `t<second>` (requests, tokens),
--- and their running sums `R` and `T`, exact for the buckets at or after `O`. While no bucket can
--- have left the window since (`O` is still the oldest second), the sums are read as they are;
--- otherwise the buckets are summed again (and, with `prune`, the stale ones dropped): once a
--- second per meter at most.
-local function window(w, prune)
-  local v = redis.call('HMGET', w, 'R', 'T', 'O')
-  if v[3] and tonumber(v[3]) >= oldest then
-    return tonumber(v[1]) or 0, tonumber(v[2]) or 0
-  end
-  local r, t = 0, 0
-  local all = redis.call('HGETALL', w)
-  for i = 1, #all, 2 do
-    local field = all[i]
-    local kind = string.sub(field, 1, 1)
-    if kind == 'r' or kind == 't' then
-      local s = tonumber(string.sub(field, 2))
-      if s == nil or s < oldest then
-        if prune then redis.call('HDEL', w, field) end
-      elseif kind == 'r' then
-        r = r + tonumber(all[i + 1])
-      else
-        t = t + tonumber(all[i + 1])
-      end
-    end
-  end
-  if prune then redis.call('HSET', w, 'R', r, 'T', t, 'O', oldest) end
-  return r, t
 end
 
 -- The live buckets of one kind ('r' or 't') as {second, count}, oldest first (for retry-after).
@@ -75,30 +53,35 @@ local function buckets(w, kind)
   return list
 end
 
--- One meter's current usage; with `prune`, drops what left the window or its lease.
-local function read_meter(w, f, p, prune)
-  local m = {}
-  m.r, m.t = window(w, prune)
-  m.r10, m.t10 = recent(w)
-  if prune then redis.call('ZREMRANGEBYSCORE', f, '-inf', now) end
+-- One meter's current usage (the window's table, with in flight, day tokens and month spend);
+-- with `prune`, drops what left the window or its lease (the leases once a second, with the
+-- window: ZCOUNT counts only the live ones anyway). With `debt` (debts.lua), also reads the
+-- buckets it corrects and first ends its requests in flight.
+local function read_meter(w, f, p, prune, debt)
+  local m = window(w, prune, debt and debt.fields)
+  if prune and m.summed then redis.call('ZREMRANGEBYSCORE', f, '-inf', now) end
+  if debt and debt.ended > 0 then
+    redis.call('ZREM', f, unpack(ARGV, debt.ended_at, debt.ended_at + debt.ended - 1))
+  end
   m.fly = redis.call('ZCOUNT', f, '(' .. now, '+inf')
-  local pv = redis.call('HMGET', p, 'd' .. day, 'm' .. month)
-  m.d = pv[1] and tonumber(pv[1]) or 0
-  m.m = pv[2] and tonumber(pv[2]) or 0
+  local pv = redis.call('HMGET', p, day_field, month_field)
+  m.d = tonumber(pv[1]) or 0
+  m.m = tonumber(pv[2]) or 0
+  m.new_period = not (pv[1] and pv[2])
   return m
 end
 
--- Adds tokens to the UTC day and millionths of a dollar to the UTC month of period hash p, and
--- returns the two totals. A period's first charge: the ones before it are over.
-local function charge_period(p, tokens, usd)
-  local df, mf = 'd' .. day, 'm' .. month
-  local day_total = redis.call('HINCRBY', p, df, tokens)
-  local month_total = redis.call('HINCRBY', p, mf, usd)
-  if day_total == tokens or month_total == usd then
+-- Adds tokens to the UTC day and millionths of a dollar to the UTC month of period hash p (read
+-- into `m` by `read_meter` in this call). A period's first charge: the periods before it are
+-- over, and the hash lives 35 days from here.
+local function charge_period(p, m, tokens, usd)
+  m.d, m.m = m.d + tokens, m.m + usd
+  redis.call('HSET', p, day_field, m.d, month_field, m.m)
+  if m.new_period then
     for _, k in ipairs(redis.call('HKEYS', p)) do
-      if k ~= df and k ~= mf then redis.call('HDEL', p, k) end
+      if k ~= day_field and k ~= month_field then redis.call('HDEL', p, k) end
     end
+    redis.call('PEXPIRE', p, 35 * 86400000)
+    m.new_period = false
   end
-  redis.call('PEXPIRE', p, 35 * 86400000)
-  return day_total, month_total
 end

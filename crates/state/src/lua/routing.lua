@@ -1,7 +1,9 @@
 -- Everything one routing decision reads, in one round trip.
--- KEYS: not-served, cooldown and served hashes; then per backend: breaker record, meter window,
--- meter in-flight set; then, when any target has a breaker, each target's breaker record.
--- ARGV: target count N, N target fields, then per backend two flags ("10": breaker, not metered).
+-- KEYS: the targets' hash (not-served, cooldown and served entries: `n`, `c` or `s`, then the
+-- target's field); then per backend: breaker record, meter window, meter in-flight set; then,
+-- when any target has a breaker, each target's breaker record.
+-- ARGV: target count N, per target its three fields (n, c, s), then per backend two flags ("10":
+-- breaker, not metered).
 -- Returns per target: not-served ms left (-1 none), cooldown ms left (-1 none), served (0/1);
 -- per backend: breaker phase (0 closed, 1 open, 2 half-open, 3 half-open probing), open ms left,
 -- requests and tokens in the rolling minute, in flight, requests and tokens of the last ten
@@ -19,61 +21,39 @@ local function breaker_phase(key)
   return 2, 0
 end
 if n > 0 then
-  local fields = {}
-  for i = 1, n do fields[i] = ARGV[1 + i] end
-  local ns = redis.call('HMGET', KEYS[1], unpack(fields))
-  local cd = redis.call('HMGET', KEYS[2], unpack(fields))
-  local sv = redis.call('HMGET', KEYS[3], unpack(fields))
+  local v = redis.call('HMGET', KEYS[1], unpack(ARGV, 2, 1 + 3 * n))
   for i = 1, n do
-    local a = ns[i] and tonumber(ns[i]) or 0
-    local b = cd[i] and tonumber(cd[i]) or 0
-    local c = sv[i] and tonumber(sv[i]) or 0
+    local a = tonumber(v[3 * i - 2]) or 0
+    local b = tonumber(v[3 * i - 1]) or 0
+    local c = tonumber(v[3 * i]) or 0
     out[#out + 1] = a > now and a - now or -1
     out[#out + 1] = b > now and b - now or -1
     out[#out + 1] = c > now and 1 or 0
   end
 end
-local oldest = math.floor(now / 1000) - 59
-local backends = #ARGV - 1 - n
+local backends = #ARGV - 1 - 3 * n
 for j = 1, backends do
-  local flags = ARGV[1 + n + j]
+  local flags = ARGV[1 + 3 * n + j]
   local phase, left = 0, 0
   if string.sub(flags, 1, 1) == '1' then
-    phase, left = breaker_phase(KEYS[3 * j + 1])
+    phase, left = breaker_phase(KEYS[3 * j - 1])
   end
   out[#out + 1] = phase
   out[#out + 1] = left
   if string.sub(flags, 2, 2) == '1' then
-    -- The running sums while no bucket can have left the window (see meter.lua), else the buckets.
-    local w = KEYS[3 * j + 2]
-    local sums = redis.call('HMGET', w, 'R', 'T', 'O')
-    local r, tk = 0, 0
-    if sums[3] and tonumber(sums[3]) >= oldest then
-      r, tk = tonumber(sums[1]) or 0, tonumber(sums[2]) or 0
-    else
-      local all = redis.call('HGETALL', w)
-      for i = 1, #all, 2 do
-        local kind = string.sub(all[i], 1, 1)
-        local s = tonumber(string.sub(all[i], 2))
-        if s and s >= oldest and (kind == 'r' or kind == 't') then
-          if kind == 'r' then r = r + tonumber(all[i + 1])
-          else tk = tk + tonumber(all[i + 1]) end
-        end
-      end
-    end
-    out[#out + 1] = r
-    out[#out + 1] = tk
-    out[#out + 1] = redis.call('ZCOUNT', KEYS[3 * j + 3], '(' .. now, '+inf')
-    local r10, t10 = recent(w)
-    out[#out + 1] = r10
-    out[#out + 1] = t10
+    local m = window(KEYS[3 * j], true)
+    out[#out + 1] = m.r
+    out[#out + 1] = m.t
+    out[#out + 1] = redis.call('ZCOUNT', KEYS[3 * j + 1], '(' .. now, '+inf')
+    out[#out + 1] = m.r10
+    out[#out + 1] = m.t10
   else
     for _ = 1, 5 do out[#out + 1] = -1 end
   end
 end
-if #KEYS > 3 + 3 * backends then
+if #KEYS > 1 + 3 * backends then
   for i = 1, n do
-    local phase, left = breaker_phase(KEYS[3 + 3 * backends + i])
+    local phase, left = breaker_phase(KEYS[1 + 3 * backends + i])
     out[#out + 1] = phase
     out[#out + 1] = left
   end

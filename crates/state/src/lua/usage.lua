@@ -1,4 +1,5 @@
 -- Current usage of each meter. KEYS: per meter window hash, in-flight set, period hash.
+-- ARGV: UTC day and month hints (meter.lua).
 -- Returns per meter: requests, tokens, in flight, day tokens, month spend, requests and tokens of
 -- the last ten seconds.
 local out = {}
