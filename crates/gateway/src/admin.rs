@@ -1,6 +1,7 @@
 //! The admin API on its own port, behind the admin bearer token: backends with their learned
 //! state (not-served deployments, cooldowns, drained, health), tenants' usage against their
-//! limits, drains, config reloads, and the operator dashboard's data.
+//! limits, drains, config reloads, the operator dashboard's data, and runtime client keys
+//! (`client_keys::api`).
 
 use std::sync::Arc;
 
@@ -38,12 +39,20 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     if let Some(page) = crate::dashboard::asset(request.method(), path) {
         return page;
     }
+    if path == "/admin/openapi.json" && request.method() == http::Method::GET {
+        return crate::client_keys::api::openapi();
+    }
     let public = path == "/metrics" && runtime.snapshot.admin.metrics_public;
     if !public && !authorized(&runtime, &request) {
         return answer(
             StatusCode::UNAUTHORIZED,
             r#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin.token>`","type":"authentication_error","param":null,"code":"invalid_api_key"}}"#.into(),
         );
+    }
+    if path.starts_with("/admin/keys") || path == "/admin/audit" {
+        let actor = actor(&request);
+        let answer = crate::client_keys::api::handle(&runtime, request, actor).await;
+        return answer.unwrap_or_else(|| not_found("no such admin endpoint".into()));
     }
     match (request.method().as_str(), path) {
         ("GET", "/admin/backends") => answer(StatusCode::OK, backends(&runtime).await.to_string()),
@@ -84,6 +93,28 @@ fn authorized(runtime: &Runtime, request: &Request<RequestBody>) -> bool {
         return false;
     };
     Sha256::digest(presented.as_bytes()) == Sha256::digest(token.expose().as_bytes())
+}
+
+/// Who makes a change, for the audit: the admin token, and the name an `x-onedoor-actor` header
+/// gives (a person, a pipeline), when there is one.
+fn actor(request: &Request<RequestBody>) -> String {
+    const MAX: usize = 100;
+    let named = request
+        .headers()
+        .get("x-onedoor-actor")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.trim()
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(MAX)
+                .collect::<String>()
+        })
+        .filter(|v| !v.is_empty());
+    match named {
+        Some(name) => format!("admin.token ({name})"),
+        None => "admin.token".to_owned(),
+    }
 }
 
 fn answer(status: StatusCode, body: String) -> Response<Body> {

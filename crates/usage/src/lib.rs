@@ -5,6 +5,7 @@
 //! [`Recorder::record`], a push into the recording thread's buffer.
 
 mod journal;
+mod keys;
 mod postgres;
 mod price;
 mod record;
@@ -16,6 +17,9 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use keys::{
+    AuditEntry, Change, KeySet, KeyStore, KeyStoreError, KeyWrite, StoredKey, StoredSecret,
+};
 pub use price::{cost_of, cost_usd, price_of};
 pub use record::{now_ms, utc_day, Source, Tokens, UsageRecord};
 pub use recorder::{Recorder, RecorderStats};

@@ -279,7 +279,7 @@ fn principal<'a>(
         .ok_or(Refusal::NoPrincipal(String::new()))?;
     Ok(Caller {
         tenant,
-        key: &principal.key,
+        key: crate::auth::CallerKey::Config(&principal.key),
     })
 }
 
