@@ -719,6 +719,7 @@ async fn the_openapi_description_names_every_admin_route_and_each_one_answers() 
         ("GET", "/readyz"),
         ("GET", "/metrics"),
         ("GET", "/dashboard"),
+        ("GET", "/dashboard/keys"),
         ("GET", "/admin/openapi.json"),
         ("GET", "/admin/backends"),
         ("POST", "/admin/backends/{name}/drain"),
