@@ -308,7 +308,11 @@ fn launch(
     ));
     let activity = live.current().metrics.activity.clone();
     let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));
-    let keys = client_keys::keep_in_sync(live.current().client_keys.clone(), watcher.clone());
+    let keys = client_keys::keep_in_sync(
+        live.current().client_keys.clone(),
+        live.current().state.clone(),
+        watcher.clone(),
+    );
     let mut tasks = vec![sampler, tokio::spawn(keys)];
     if let Some(seen) = seen {
         tasks.push(tokio::spawn(reload::watch_file(

@@ -665,9 +665,9 @@ async fn runtime_keys_on_postgres_reach_a_second_instance_and_stop_there_when_di
         json!({"tenant": "team", "limits": {"rpm": 3}}),
     )
     .await;
-    until_status(&h, &second, &secret, 200, Duration::from_secs(1))
-        .await
-        .expect("known on the second instance");
+    let took = until_status(&h, &second, &secret, 200, Duration::from_secs(1)).await;
+    let took = took.expect("known on the second instance");
+    eprintln!("with Postgres and a Redis notice, a new key answered on the second instance after {took:?}");
     // The key's rpm holds across both instances (the check above spent one request).
     let mut statuses = Vec::new();
     for gateway in [&h.gateway, &second, &h.gateway] {
@@ -778,4 +778,41 @@ async fn the_openapi_description_names_every_admin_route_and_each_one_answers() 
         );
         assert!(answer.status != 405, "{method} {concrete}");
     }
+}
+
+#[tokio::test]
+async fn a_runtime_key_never_shadows_a_config_key() {
+    // The API only ever makes fresh secrets; a row written straight into the database with the
+    // digest of the config's key (for the tenant `other`, which may not use `chat`) is the
+    // worst case, and the config's key must still be the team's.
+    let store = sqlite_store();
+    let (h, _second) = start(&store, "").await;
+    let path = store.trim_start_matches("sqlite://");
+    let keys = onedoor_usage::KeyStore::open(&onedoor_usage::StoreUrl::Sqlite(path.into()))
+        .await
+        .unwrap()
+        .unwrap();
+    let key = onedoor_usage::StoredKey {
+        id: "key-shadow".into(),
+        tenant: "other".into(),
+        name: None,
+        settings: "{}".into(),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+        last_used_ms: None,
+    };
+    let change = onedoor_usage::Change {
+        write: onedoor_usage::KeyWrite::Create {
+            key,
+            sha256: key_hash(KEY),
+        },
+        actor: "test".into(),
+        at_ms: 0,
+        detail: "{}".into(),
+    };
+    keys.apply(change).await.unwrap();
+    let listed = admin(&h, &h.gateway, Method::GET, "/admin/keys", Value::Null).await;
+    assert_eq!(listed.json()["keys"][0]["id"], "key-shadow");
+    let chat = h.chat("chat").await;
+    assert_eq!(chat.status, 200, "{}", chat.body);
 }

@@ -10,6 +10,7 @@
 mod breaker;
 mod memory;
 mod meter;
+mod notices;
 mod redis;
 mod store;
 

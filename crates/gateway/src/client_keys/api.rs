@@ -161,14 +161,18 @@ impl Call<'_> {
             at_ms: onedoor_state::now_ms() as i64,
             detail: detail.to_string(),
         };
-        self.store()?
+        let seq = self
+            .store()?
             .apply(change)
             .await
             .map_err(|error| match error {
                 KeyStoreError::NoSuchKey(id) => not_found(&id),
                 KeyStoreError::Store(error) => unavailable(&error),
             })?;
-        self.keys.refresh(true).await.map_err(|e| unavailable(&e))
+        self.keys.refresh(true).await.map_err(|e| unavailable(&e))?;
+        let topic = super::sync::TOPIC;
+        self.runtime.state.announce(topic, &seq.to_string()).await;
+        Ok(())
     }
 
     /// Every key, as the store has them now (a change made on another instance a moment ago

@@ -6,7 +6,7 @@
 
 pub mod api;
 mod settings;
-mod sync;
+pub(crate) mod sync;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,13 +1,15 @@
 //! Keeping an instance's runtime keys current: the store is opened (and tried again each second
 //! while it cannot be), then its change number is polled four times a second, so a key created,
-//! changed or disabled on any instance takes effect on every other within a second; and the
-//! uses seen here are written every few seconds and at shutdown.
+//! changed or disabled on any instance takes effect on every other within a second; with a Redis
+//! state store, the instance that made a change also announces it (pub/sub), and the others read
+//! the store at once. The uses seen here are written every few seconds and at shutdown.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use onedoor_state::Store;
 use onedoor_usage::KeyStore;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::ClientKeys;
 
@@ -15,8 +17,10 @@ const POLL: Duration = Duration::from_millis(250);
 /// Polls between two writes of the keys' last uses.
 const POLLS_PER_FLUSH: u32 = 20;
 const REOPEN: Duration = Duration::from_secs(1);
+/// The state store topic of key changes.
+pub const TOPIC: &str = "client-keys";
 
-pub async fn run(keys: Arc<ClientKeys>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(keys: Arc<ClientKeys>, state: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
     let Some(destination) = keys.destination.clone() else {
         return;
     };
@@ -35,6 +39,7 @@ pub async fn run(keys: Arc<ClientKeys>, mut shutdown: watch::Receiver<bool>) {
             return;
         }
     }
+    let mut notices = state.listen(TOPIC);
     let mut polls = 0u32;
     loop {
         if let Err(error) = keys.refresh(false).await {
@@ -44,11 +49,27 @@ pub async fn run(keys: Arc<ClientKeys>, mut shutdown: watch::Receiver<bool>) {
         if polls.is_multiple_of(POLLS_PER_FLUSH) {
             keys.flush_last_used().await;
         }
-        if stopped(&mut shutdown, POLL).await {
+        tokio::select! {
+            _ = tokio::time::sleep(POLL) => {}
+            () = notice(&mut notices) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() || shutdown.has_changed().is_err() {
             break;
         }
     }
     keys.flush_last_used().await;
+}
+
+/// The next notice of a change; never, without a shared store (or once its listener is gone).
+async fn notice(notices: &mut Option<mpsc::Receiver<String>>) {
+    let Some(receiver) = notices else {
+        return std::future::pending().await;
+    };
+    if receiver.recv().await.is_none() {
+        *notices = None;
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Waits `pause`; `true` when the gateway is stopping.
