@@ -238,8 +238,9 @@ fn record(values: &[i64]) -> BreakerRecord {
 pub struct RedisState {
     /// `None` when the URL could not even be parsed: every call takes the fallback.
     connection: Option<ConnectionManager>,
-    /// For pub/sub connections (notices), which the manager does not multiplex.
-    client: Option<redis::Client>,
+    /// For pub/sub connections (notices), which the manager does not multiplex (behind an
+    /// `Arc`: it is large, and the store is held by value).
+    client: Option<std::sync::Arc<redis::Client>>,
     keys: Keys,
     on_error: OnError,
     local: MemoryState,
@@ -262,7 +263,7 @@ impl RedisState {
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
         let opened = redis::Client::open(config.url.as_str());
-        let client = opened.as_ref().ok().cloned();
+        let client = opened.as_ref().ok().cloned().map(std::sync::Arc::new);
         let connection = opened
             .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config));
         let connection = match connection {
@@ -330,7 +331,8 @@ impl RedisState {
     /// The notices announced on `topic` from now on.
     pub fn listen(&self, topic: &str) -> Option<tokio::sync::mpsc::Receiver<String>> {
         let channel = crate::notices::channel(&self.keys.prefix, topic);
-        Some(crate::notices::listen(self.client.clone()?, channel))
+        let client = self.client.as_deref()?.clone();
+        Some(crate::notices::listen(client, channel))
     }
 
     async fn call<T, F, Fut>(&self, remote: F) -> Option<T>
