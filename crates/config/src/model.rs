@@ -151,6 +151,9 @@ pub struct Admin {
     /// Bearer token for `/admin/*`. `None` means the admin API answers 401 to everything.
     pub token: Option<Secret>,
     pub metrics_public: bool,
+    /// App roles whose holders may use the admin API with a JWT of a `client_auth.jwt` issuer
+    /// (its `roles` claim holding one of them) instead of the token. Empty: the token only.
+    pub jwt_roles: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

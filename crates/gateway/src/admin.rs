@@ -43,14 +43,18 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
         return crate::client_keys::api::openapi();
     }
     let public = path == "/metrics" && runtime.snapshot.admin.metrics_public;
-    if !public && !authorized(&runtime, &request) {
+    let admin = match public {
+        true => Some("metrics_public".to_owned()),
+        false => Box::pin(admin_of(&runtime, &request)).await,
+    };
+    let Some(admin) = admin else {
         return answer(
             StatusCode::UNAUTHORIZED,
-            r#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin.token>`","type":"authentication_error","param":null,"code":"invalid_api_key"}}"#.into(),
+            r#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin.token>` (or a JWT with a role of admin.jwt_roles)","type":"authentication_error","param":null,"code":"invalid_api_key"}}"#.into(),
         );
-    }
+    };
     if path.starts_with("/admin/keys") || path == "/admin/audit" {
-        let actor = actor(&request);
+        let actor = actor(admin, &request);
         let answer = crate::client_keys::api::handle(&runtime, request, actor).await;
         return answer.unwrap_or_else(|| not_found("no such admin endpoint".into()));
     }
@@ -84,6 +88,26 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     }
 }
 
+/// Who the request's credential makes an admin: `admin.token`, or the JWT caller whose role is
+/// one of `admin.jwt_roles`; `None` for anyone else.
+async fn admin_of(runtime: &Runtime, request: &Request<RequestBody>) -> Option<String> {
+    if authorized(runtime, request) {
+        return Some("admin.token".to_owned());
+    }
+    let credential = presented_key(request.headers())?;
+    let roles_allowed = !runtime.snapshot.admin.jwt_roles.is_empty();
+    if !roles_allowed || !crate::jwt::applies(&runtime.snapshot, credential) {
+        return None;
+    }
+    match crate::jwt::admin(runtime, credential).await {
+        Ok(who) => Some(who),
+        Err(error) => {
+            tracing::info!(%error, "an admin API call with a JWT was refused");
+            None
+        }
+    }
+}
+
 /// Compares digests, so the time taken says nothing about how much of the token matched.
 fn authorized(runtime: &Runtime, request: &Request<RequestBody>) -> bool {
     let Some(token) = runtime.snapshot.admin.token.as_ref() else {
@@ -95,9 +119,9 @@ fn authorized(runtime: &Runtime, request: &Request<RequestBody>) -> bool {
     Sha256::digest(presented.as_bytes()) == Sha256::digest(token.expose().as_bytes())
 }
 
-/// Who makes a change, for the audit: the admin token, and the name an `x-onedoor-actor` header
-/// gives (a person, a pipeline), when there is one.
-fn actor(request: &Request<RequestBody>) -> String {
+/// Who makes a change, for the audit: the admin (the token, or a JWT's subject), and the name an
+/// `x-onedoor-actor` header gives (a person, a pipeline), when there is one.
+fn actor(admin: String, request: &Request<RequestBody>) -> String {
     const MAX: usize = 100;
     let named = request
         .headers()
@@ -112,8 +136,8 @@ fn actor(request: &Request<RequestBody>) -> String {
         })
         .filter(|v| !v.is_empty());
     match named {
-        Some(name) => format!("admin.token ({name})"),
-        None => "admin.token".to_owned(),
+        Some(name) => format!("{admin} ({name})"),
+        None => admin,
     }
 }
 

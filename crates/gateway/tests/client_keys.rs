@@ -816,3 +816,54 @@ async fn a_runtime_key_never_shadows_a_config_key() {
     let chat = h.chat("chat").await;
     assert_eq!(chat.status, 200, "{}", chat.body);
 }
+
+#[tokio::test]
+async fn a_jwt_with_an_admin_role_manages_keys_where_the_config_allows_it() {
+    let issuer = onedoor_mock::Issuer::start(None).await.unwrap();
+    let config = format!(
+        "client_auth:\n  jwt:\n    - {{ issuer: \"{}\", audience: api://onedoor }}\nadmin: {{ token: {ADMIN_TOKEN}, jwt_roles: [Onedoor.Admin] }}\n{}",
+        issuer.url(),
+        config(&sqlite_store(), "")
+    );
+    let h = Harness::start(
+        vec![EndpointSpec::azure("a", "swedencentral").deployment(DeploymentSpec::new("gpt-4o"))],
+        &config,
+    )
+    .await;
+    let mint = |claims: Value| {
+        let ask: onedoor_mock::Mint = serde_json::from_value(json!({ "claims": claims })).unwrap();
+        issuer.mint(&ask).unwrap()
+    };
+    let admin_token = mint(json!({"sub": "ops-pipeline", "roles": ["Reader", "Onedoor.Admin"]}));
+    let reader_token = mint(json!({"sub": "someone", "roles": ["Reader"]}));
+    let url = format!("http://{}/admin/keys", h.gateway.admin_addr());
+    let body = Bytes::from(json!({"tenant": "team"}).to_string());
+    let with = |token: &str| format!("Bearer {token}");
+    let made = h
+        .send(
+            Method::POST,
+            url.clone(),
+            &[("authorization", &with(&admin_token))],
+            body.clone(),
+        )
+        .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let refused = h
+        .send(
+            Method::POST,
+            url,
+            &[("authorization", &with(&reader_token))],
+            body,
+        )
+        .await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    let audit = admin(&h, &h.gateway, Method::GET, "/admin/audit", Value::Null)
+        .await
+        .json();
+    let records = audit["audit"].as_array().unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0]["actor"],
+        format!("jwt ops-pipeline ({})", issuer.url())
+    );
+}
