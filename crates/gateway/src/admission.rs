@@ -503,15 +503,29 @@ pub(crate) fn seconds(wait: Duration) -> String {
     }
 }
 
-/// `GET /admin/tenants`: every tenant's and key's usage against each of its limits, in the
-/// current windows (rolling minute, in flight now, UTC day, UTC month), from the state store.
+/// `GET /admin/tenants`: every tenant's and key's (the config's and the runtime ones') usage
+/// against each of its limits, in the current windows (rolling minute, in flight now, UTC day,
+/// UTC month), from the state store.
 pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value {
+    let runtime_keys = runtime.client_keys.entries();
+    let callers: Vec<Vec<&Key>> = runtime
+        .snapshot
+        .tenants
+        .iter()
+        .map(|tenant| {
+            let made = runtime_keys
+                .iter()
+                .filter(|e| *e.stored.tenant == *tenant.name)
+                .map(|e| e.key.as_ref());
+            tenant.callers().chain(made).collect()
+        })
+        .collect();
     let mut meters: Vec<(usize, Option<usize>, MeterKey, MeterLimits)> = Vec::new();
     for (t, tenant) in runtime.snapshot.tenants.iter().enumerate() {
         if let Some(limits) = meter_limits(&tenant.limits) {
             meters.push((t, None, MeterKey::tenant(&tenant.name), limits));
         }
-        for (k, key) in tenant.callers().enumerate() {
+        for (k, key) in callers.get(t).into_iter().flatten().enumerate() {
             if let Some(limits) = meter_limits(&key.limits) {
                 meters.push((t, Some(k), MeterKey::key(&tenant.name, &key.id), limits));
             }
@@ -535,11 +549,14 @@ pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value 
         .iter()
         .enumerate()
         .map(|(t, tenant)| {
-            let keys: Vec<serde_json::Value> = tenant
-                .callers()
+            let keys: Vec<serde_json::Value> = callers
+                .get(t)
+                .into_iter()
+                .flatten()
                 .enumerate()
                 .filter_map(|(k, key)| {
-                    of(t, Some(k)).map(|limits| serde_json::json!({"id": key.id, "limits": limits}))
+                    let runtime = key.origin == KeyOrigin::Runtime;
+                    of(t, Some(k)).map(|limits| serde_json::json!({"id": key.id, "limits": limits, "runtime": runtime}))
                 })
                 .collect();
             serde_json::json!({

@@ -372,7 +372,7 @@ async fn a_budget_stops_its_key_exactly_at_its_limit_across_instances() {
 async fn a_key_keeps_to_its_models_and_its_own_limits() {
     let (h, _second) = start(&sqlite_store(), "").await;
     let body = json!({"tenant": "team", "models": ["mini"], "limits": {"rpm": 2}});
-    let (_, secret) = create(&h, &h.gateway, body).await;
+    let (id, secret) = create(&h, &h.gateway, body).await;
     let chat = chat_with(&h, &h.gateway, &secret, &chat_body("chat", false)).await;
     assert_eq!(
         (chat.status.as_u16(), chat.code()),
@@ -406,6 +406,24 @@ async fn a_key_keeps_to_its_models_and_its_own_limits() {
         .map(|m| m["id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(ids, ["mini"]);
+    // Its use against its own limit is shown with the tenant's, as a config key's is.
+    let tenants = admin(&h, &h.gateway, Method::GET, "/admin/tenants", Value::Null).await;
+    let team = tenants.json()["tenants"][0].clone();
+    let key = team["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == id.as_str())
+        .cloned();
+    let key = key.unwrap_or_else(|| panic!("{team}"));
+    assert_eq!(key["runtime"], true);
+    assert_eq!(
+        (
+            key["limits"]["rpm"]["limit"].as_u64(),
+            key["limits"]["rpm"]["used"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
 }
 
 #[tokio::test]
