@@ -97,7 +97,13 @@ impl Settings {
                     .transpose()?
                     .unwrap_or_default()
             }
-            "usd_budget" => self.usd_budget = (!null).then(|| dollars(field, value)).transpose()?,
+            "usd_budget" => {
+                self.usd_budget = (!null).then(|| dollars(field, value)).transpose()?;
+                // No budget, no period: `{"usd_budget": null}` alone removes the budget.
+                if null {
+                    self.budget_period = None;
+                }
+            }
             "budget_period" => {
                 self.budget_period = (!null).then(|| text(field, value)).transpose()?
             }
@@ -368,6 +374,10 @@ tenants:
             checked(serde_json::json!({"expires_at": "1970-01-01T00:00:01Z"})).unwrap_err(),
             "`expires_at` 1970-01-01T00:00:01Z is in the past"
         );
+        let removed = budget
+            .apply(serde_json::json!({"usd_budget": null}).as_object().unwrap())
+            .unwrap();
+        assert_eq!((removed.usd_budget, removed.budget_period), (None, None));
         let later = checked(serde_json::json!({"expires_at": "2030-01-02T03:04:05Z"})).unwrap();
         assert_eq!(
             timestamp(later.expires_at_ms.unwrap()),
