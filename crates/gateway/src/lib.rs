@@ -266,7 +266,8 @@ fn launch(
     let key_store = destination
         .map(|d| d.store)
         .filter(|s| *s != onedoor_usage::StoreUrl::Off);
-    runtime.client_keys = Arc::new(client_keys::ClientKeys::new(key_store));
+    let notices = client_keys::notices(&runtime.snapshot.state);
+    runtime.client_keys = Arc::new(client_keys::ClientKeys::new(key_store, notices));
     let seen = source.as_ref().map(|s| s.seen);
     let live = Arc::new(Live::new(runtime, source.map(|s| s.path), watcher.clone()));
     let addr = local_addr(&client);
@@ -308,11 +309,7 @@ fn launch(
     ));
     let activity = live.current().metrics.activity.clone();
     let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));
-    let keys = client_keys::keep_in_sync(
-        live.current().client_keys.clone(),
-        live.current().state.clone(),
-        watcher.clone(),
-    );
+    let keys = client_keys::keep_in_sync(live.current().client_keys.clone(), watcher.clone());
     let mut tasks = vec![sampler, tokio::spawn(keys)];
     if let Some(seen) = seen {
         tasks.push(tokio::spawn(reload::watch_file(

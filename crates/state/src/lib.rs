@@ -24,6 +24,7 @@ pub use meter::{
     day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal,
     Reservation, Settlement, Verdict, SHORT_WINDOW_SECONDS,
 };
+pub use notices::Notices;
 pub use redis::{OnError, RedisConfig, RedisState};
 pub use store::{Detached, Health, Store};
 

@@ -238,9 +238,6 @@ fn record(values: &[i64]) -> BreakerRecord {
 pub struct RedisState {
     /// `None` when the URL could not even be parsed: every call takes the fallback.
     connection: Option<ConnectionManager>,
-    /// For pub/sub connections (notices), which the manager does not multiplex (behind an
-    /// `Arc`: it is large, and the store is held by value).
-    client: Option<std::sync::Arc<redis::Client>>,
     keys: Keys,
     on_error: OnError,
     local: MemoryState,
@@ -262,9 +259,7 @@ impl RedisState {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let opened = redis::Client::open(config.url.as_str());
-        let client = opened.as_ref().ok().cloned().map(std::sync::Arc::new);
-        let connection = opened
+        let connection = redis::Client::open(config.url.as_str())
             .and_then(|client| ConnectionManager::new_lazy_with_config(client, manager_config));
         let connection = match connection {
             Ok(connection) => Some(connection),
@@ -275,7 +270,6 @@ impl RedisState {
         };
         RedisState {
             connection,
-            client,
             keys: Keys::new(&config.key_prefix),
             on_error: config.on_error,
             local: MemoryState::new(),
@@ -314,27 +308,6 @@ impl RedisState {
     }
 
     /// Runs `remote` against Redis unless an outage is under way; `None` means take the fallback.
-    /// Announces `message` on `topic` to every instance listening (see `notices`); a notice
-    /// that cannot be sent is dropped.
-    pub async fn announce(&self, topic: &str, message: &str) {
-        let channel = crate::notices::channel(&self.keys.prefix, topic);
-        let publish = |mut c: ConnectionManager| async move {
-            redis::cmd("PUBLISH")
-                .arg(&channel)
-                .arg(message)
-                .query_async::<i64>(&mut c)
-                .await
-        };
-        let _ = self.call(publish).await;
-    }
-
-    /// The notices announced on `topic` from now on.
-    pub fn listen(&self, topic: &str) -> Option<tokio::sync::mpsc::Receiver<String>> {
-        let channel = crate::notices::channel(&self.keys.prefix, topic);
-        let client = self.client.as_deref()?.clone();
-        Some(crate::notices::listen(client, channel))
-    }
-
     async fn call<T, F, Fut>(&self, remote: F) -> Option<T>
     where
         F: FnOnce(ConnectionManager) -> Fut,

@@ -56,21 +56,6 @@ impl Store {
         Store::Redis(RedisState::new(config))
     }
 
-    /// Tells every instance listening on `topic` (Redis pub/sub; nothing with one instance).
-    pub async fn announce(&self, topic: &str, message: &str) {
-        if let Store::Redis(redis) = self {
-            redis.announce(topic, message).await;
-        }
-    }
-
-    /// What other instances announce on `topic`; `None` with the memory store.
-    pub fn listen(&self, topic: &str) -> Option<tokio::sync::mpsc::Receiver<String>> {
-        match self {
-            Store::Memory(_) => None,
-            Store::Redis(redis) => redis.listen(topic),
-        }
-    }
-
     /// Whether instances share this store (Redis) or each keeps its own (memory).
     pub fn is_shared(&self) -> bool {
         matches!(self, Store::Redis(_))

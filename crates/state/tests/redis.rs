@@ -501,26 +501,19 @@ async fn the_last_ten_seconds_are_counted_as_in_memory() {
     assert_eq!(short(shared_view), (3, 45, 2));
 }
 
-/// A second store under the same prefix as a store made by `redis`: another instance.
-fn twin(prefix: &str) -> RedisState {
-    RedisState::new(&RedisConfig {
-        url: format!("redis://{REDIS}/0"),
-        key_prefix: prefix.to_owned(),
-        on_error: OnError::FailClosed,
-    })
-}
-
 #[tokio::test]
-async fn a_notice_reaches_the_instances_of_its_prefix_and_no_other() {
+async fn a_notice_reaches_the_listeners_of_its_prefix_and_no_other() {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
     let prefix = format!("test-notices-{}-{nanos}", std::process::id());
-    let (one, other) = (twin(&prefix), twin(&prefix));
-    let stranger = redis("notices-stranger").await;
-    let mut heard = other.listen("client-keys").unwrap();
-    let mut unheard = stranger.listen("client-keys").unwrap();
+    let url = format!("redis://{REDIS}/0");
+    redis("notices").await;
+    let notices = |prefix: &str| onedoor_state::Notices::new(&url, prefix, "client-keys").unwrap();
+    let (one, other, stranger) = (notices(&prefix), notices(&prefix), notices("elsewhere"));
+    let mut heard = other.listen();
+    let mut unheard = stranger.listen();
     // Each listener first says it has subscribed (with an empty notice).
     let wait = std::time::Duration::from_secs(5);
     assert_eq!(
@@ -537,7 +530,7 @@ async fn a_notice_reaches_the_instances_of_its_prefix_and_no_other() {
             .unwrap(),
         ""
     );
-    one.announce("client-keys", "42").await;
+    one.announce("42").await;
     assert_eq!(
         tokio::time::timeout(wait, heard.recv())
             .await
@@ -547,4 +540,6 @@ async fn a_notice_reaches_the_instances_of_its_prefix_and_no_other() {
     );
     let quiet = std::time::Duration::from_millis(200);
     assert!(tokio::time::timeout(quiet, unheard.recv()).await.is_err());
+    // Only one server's URL forms carry notices.
+    assert!(onedoor_state::Notices::new("redis+cluster://127.0.0.1:7000", &prefix, "t").is_none());
 }

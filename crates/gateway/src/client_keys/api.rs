@@ -170,8 +170,7 @@ impl Call<'_> {
                 KeyStoreError::Store(error) => unavailable(&error),
             })?;
         self.keys.refresh(true).await.map_err(|e| unavailable(&e))?;
-        let topic = super::sync::TOPIC;
-        self.runtime.state.announce(topic, &seq.to_string()).await;
+        self.keys.announce(seq).await;
         Ok(())
     }
 

@@ -14,6 +14,7 @@ use std::sync::{Arc, OnceLock};
 
 use arc_swap::ArcSwap;
 use onedoor_config::Key;
+use onedoor_state::Notices;
 use onedoor_usage::{KeySet, KeyStore, StoreUrl, StoredKey};
 
 use crate::errors::GatewayError;
@@ -31,6 +32,8 @@ pub struct ClientKeys {
     loading: tokio::sync::Mutex<()>,
     /// Told when the store is open and its keys loaded.
     opened: tokio::sync::Notify,
+    /// Changes announced to (and by) the other instances, with a Redis state store.
+    notices: Option<Notices>,
 }
 
 #[derive(Default)]
@@ -79,9 +82,10 @@ impl Entry {
 }
 
 impl ClientKeys {
-    pub fn new(destination: Option<StoreUrl>) -> ClientKeys {
+    pub fn new(destination: Option<StoreUrl>, notices: Option<Notices>) -> ClientKeys {
         ClientKeys {
             destination,
+            notices,
             store: OnceLock::new(),
             index: ArcSwap::default(),
             loading: tokio::sync::Mutex::new(()),
@@ -91,7 +95,14 @@ impl ClientKeys {
 
     /// For a gateway without a usage store.
     pub fn none() -> ClientKeys {
-        ClientKeys::new(None)
+        ClientKeys::new(None, None)
+    }
+
+    /// Tells the other instances that the store changed (its change number now `seq`).
+    pub async fn announce(&self, seq: i64) {
+        if let Some(notices) = &self.notices {
+            notices.announce(&seq.to_string()).await;
+        }
     }
 
     /// The store, once it has been opened.
@@ -202,6 +213,15 @@ impl ClientKeys {
                 tracing::warn!(%error, "could not record when runtime keys were last used")
             }
         }
+    }
+}
+
+/// The notices of key changes between instances: with `state.store: redis` on one server's URL.
+pub fn notices(state: &onedoor_config::StateConfig) -> Option<Notices> {
+    let url = state.redis_url.as_deref()?;
+    match state.store {
+        onedoor_config::StoreKind::Redis => Notices::new(url, &state.key_prefix, sync::TOPIC),
+        onedoor_config::StoreKind::Memory => None,
     }
 }
 

@@ -1,13 +1,13 @@
 //! Keeping an instance's runtime keys current: the store is opened (and tried again each second
 //! while it cannot be), then its change number is polled four times a second, so a key created,
 //! changed or disabled on any instance takes effect on every other within a second; with a Redis
-//! state store, the instance that made a change also announces it (pub/sub), and the others read
-//! the store at once. The uses seen here are written every few seconds and at shutdown.
+//! state store (one server's URL), the instance that made a change also announces it over Redis
+//! pub/sub (`onedoor_state::Notices`), and the others read the store at once. The uses seen here
+//! are written every few seconds and at shutdown.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use onedoor_state::Store;
 use onedoor_usage::KeyStore;
 use tokio::sync::{mpsc, watch};
 
@@ -20,7 +20,7 @@ const REOPEN: Duration = Duration::from_secs(1);
 /// The state store topic of key changes.
 pub const TOPIC: &str = "client-keys";
 
-pub async fn run(keys: Arc<ClientKeys>, state: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(keys: Arc<ClientKeys>, mut shutdown: watch::Receiver<bool>) {
     let Some(destination) = keys.destination.clone() else {
         return;
     };
@@ -39,7 +39,7 @@ pub async fn run(keys: Arc<ClientKeys>, state: Arc<Store>, mut shutdown: watch::
             return;
         }
     }
-    let mut notices = state.listen(TOPIC);
+    let mut notices = keys.notices.as_ref().map(onedoor_state::Notices::listen);
     let mut polls = 0u32;
     loop {
         if let Err(error) = keys.refresh(false).await {
