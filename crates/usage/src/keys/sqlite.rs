@@ -187,3 +187,83 @@ fn stopped() -> UsageError {
         std::io::Error::other("a thread that used it stopped"),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::KeyWrite;
+
+    fn change(write: KeyWrite, at_ms: i64) -> Change {
+        Change {
+            write,
+            actor: "test".into(),
+            at_ms,
+            detail: "{}".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_change_is_one_audit_record_and_a_rotation_shortens_every_older_grace() {
+        let dir = std::env::temp_dir().join(format!("onedoor-keys-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = SqliteKeys::open(&dir.join("usage.db")).await.unwrap();
+        assert_eq!(store.version().await.unwrap(), 0);
+        let key = StoredKey {
+            id: "k1".into(),
+            tenant: "t".into(),
+            name: None,
+            settings: "{}".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            last_used_ms: None,
+        };
+        let sha = |n: u8| format!("{n:02x}").repeat(32);
+        store
+            .apply(change(
+                KeyWrite::Create {
+                    key,
+                    sha256: sha(1),
+                },
+                1,
+            ))
+            .await
+            .unwrap();
+        let rotate = |sha256: String, until: i64, at: i64| {
+            let write = KeyWrite::Rotate {
+                id: "k1".into(),
+                sha256,
+                old_valid_until_ms: until,
+            };
+            change(write, at)
+        };
+        store.apply(rotate(sha(2), 1_000, 10)).await.unwrap();
+        // A shorter grace shortens the first secret's too; a longer one would not lengthen it.
+        store.apply(rotate(sha(3), 500, 20)).await.unwrap();
+        let set = store.load().await.unwrap();
+        let mut secrets: Vec<(String, Option<i64>)> = set
+            .secrets
+            .iter()
+            .map(|s| (s.sha256.clone(), s.valid_until_ms))
+            .collect();
+        secrets.sort();
+        assert_eq!(
+            secrets,
+            [(sha(1), Some(500)), (sha(2), Some(500)), (sha(3), None)]
+        );
+        // Past their grace, the next rotation removes them.
+        store.apply(rotate(sha(4), 2_000, 600)).await.unwrap();
+        assert_eq!(store.load().await.unwrap().secrets.len(), 2);
+        let missing = KeyWrite::Delete {
+            id: "nobody".into(),
+        };
+        assert!(matches!(
+            store.apply(change(missing, 700)).await,
+            Err(KeyStoreError::NoSuchKey(_))
+        ));
+        assert_eq!(store.version().await.unwrap(), 4);
+        let audit = store.audit(10).await.unwrap();
+        let actions: Vec<&str> = audit.iter().map(|a| a.action.as_str()).collect();
+        assert_eq!(actions, ["rotate", "rotate", "rotate", "create"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
