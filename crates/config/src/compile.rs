@@ -72,7 +72,7 @@ pub(crate) fn snapshot(
         max_request_body: service::max_request_body(f.get("max_request_body"), p),
         max_connections: connections::max_connections(f.get("max_connections"), p),
         client_timeouts: connections::client_timeouts(f.get("client_timeouts"), p),
-        admin: service::admin(f.get("admin"), listen, p),
+        admin: service::admin(f.get("admin"), listen, !issuers.is_empty(), p),
         state: service::state(f.get("state"), p),
         usage: service::usage(f.get("usage"), p),
         routing,

@@ -164,6 +164,9 @@ pub struct Admin {
     /// Bearer token for `/admin/*`. `None` means the admin API answers 401 to everything.
     pub token: Option<Secret>,
     pub metrics_public: bool,
+    /// App roles whose holders may use the admin API with a JWT of a `client_auth.jwt` issuer
+    /// (its `roles` claim holding one of them) instead of the token. Empty: the token only.
+    pub jwt_roles: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -492,6 +495,31 @@ pub struct Key {
     /// Unix seconds until which this key may ask for decision traces.
     pub trace_until: Option<i64>,
     pub limits: Limits,
+    /// Aliases this key may use, within its tenant's; `None`: the tenant's. Keys made through
+    /// the admin API may narrow them; the config's keys never do.
+    pub models: Option<Vec<String>>,
+    /// A monthly budget in dollars (admin API keys only); `limits.usd_per_month` already holds
+    /// it, this says that a refusal at it is a spent budget rather than a quota.
+    pub usd_budget: Option<f64>,
+    pub origin: KeyOrigin,
+}
+
+/// Where a key was made: written in the config, or through the admin API (whose keys are
+/// always metered, so their spend is known).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOrigin {
+    Config,
+    Runtime,
+}
+
+impl Key {
+    /// Whether this key (its own list; the tenant's is checked apart) may call `alias`.
+    pub fn may_use(&self, alias: &str) -> bool {
+        match &self.models {
+            None => true,
+            Some(list) => list.iter().any(|m| m == alias),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -35,9 +35,15 @@ pub(crate) fn max_request_body(node: Option<&Node>, p: &mut Problems) -> u64 {
     }
 }
 
-/// The admin section; its `listen` may not be the client address.
-pub(crate) fn admin(node: Option<&Node>, client: SocketAddr, p: &mut Problems) -> Admin {
-    let f = Fields::open(node, &["listen", "token", "metrics_public"], p);
+/// The admin section; its `listen` may not be the client address, and its `jwt_roles` need
+/// issuers (`jwt_issuers`: whether `client_auth.jwt` has any).
+pub(crate) fn admin(
+    node: Option<&Node>,
+    client: SocketAddr,
+    jwt_issuers: bool,
+    p: &mut Problems,
+) -> Admin {
+    let f = Fields::open(node, &["listen", "token", "metrics_public", "jwt_roles"], p);
     let listen = f.get("listen").and_then(|n| read::addr(n, p));
     if let (Some(listen), Some(node)) = (listen, f.get("listen")) {
         // Port 0 asks for any free port, so two of them never collide.
@@ -52,7 +58,27 @@ pub(crate) fn admin(node: Option<&Node>, client: SocketAddr, p: &mut Problems) -
         listen: listen.unwrap_or_else(|| DEFAULT_ADMIN_LISTEN.into()),
         token: f.secret("token", p),
         metrics_public: f.bool("metrics_public", p).unwrap_or(false),
+        jwt_roles: jwt_roles(f.get("jwt_roles"), jwt_issuers, p),
     }
+}
+
+fn jwt_roles(node: Option<&Node>, jwt_issuers: bool, p: &mut Problems) -> Vec<String> {
+    let Some(node) = node else {
+        return Vec::new();
+    };
+    let roles: Vec<String> = read::list(node, p)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|item| read::str(item, p))
+        .map(str::to_owned)
+        .collect();
+    if !roles.is_empty() && !jwt_issuers {
+        p.at(
+            node.mark,
+            "admin.jwt_roles needs client_auth.jwt: no issuer is configured whose tokens could carry the roles",
+        );
+    }
+    roles
 }
 
 pub(crate) fn state(node: Option<&Node>, p: &mut Problems) -> StateConfig {
@@ -180,6 +206,19 @@ mod tests {
             10_000_000
         );
         assert_eq!(compile("max_request_body: 1024").max_request_body, 1024);
+    }
+
+    #[test]
+    fn admin_jwt_roles_need_an_issuer() {
+        let with_issuer = compile(
+            "client_auth: { jwt: [{ issuer: \"https://login.example.com/t/v2.0\", audience: api://onedoor }] }\nadmin: { jwt_roles: [Onedoor.Admin] }\n",
+        );
+        assert_eq!(with_issuer.admin.jwt_roles, ["Onedoor.Admin"]);
+        assert!(compile("admin: {}").admin.jwt_roles.is_empty());
+        assert_eq!(
+            problems("admin: { jwt_roles: [Onedoor.Admin] }\n"),
+            ["1:21: admin.jwt_roles needs client_auth.jwt: no issuer is configured whose tokens could carry the roles"]
+        );
     }
 
     #[test]

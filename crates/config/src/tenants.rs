@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::limits;
-use crate::model::{ClaimValues, JwtIssuer, Key, Lookup, Principal, Tenant, TenantId};
+use crate::model::{ClaimValues, JwtIssuer, Key, KeyOrigin, Lookup, Principal, Tenant, TenantId};
 use crate::models::{Models, WILDCARD};
 use crate::problems::{Mark, Problems};
 use crate::read::{self, Fields};
@@ -142,6 +142,9 @@ fn caller(f: &Fields, id: &str, p: &mut Problems) -> Key {
         id: id.into(),
         trace_until: f.get("trace_until").and_then(|n| read::timestamp(n, p)),
         limits: limits::limits(f.get("limits"), limits::TENANT, p),
+        models: None,
+        usd_budget: None,
+        origin: KeyOrigin::Config,
     }
 }
 

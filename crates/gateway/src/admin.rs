@@ -1,6 +1,7 @@
 //! The admin API on its own port, behind the admin bearer token: backends with their learned
 //! state (not-served deployments, cooldowns, drained, health), tenants' usage against their
-//! limits, drains, config reloads, and the operator dashboard's data.
+//! limits, drains, config reloads, the operator dashboard's data, and runtime client keys
+//! (`client_keys::api`).
 
 use std::sync::Arc;
 
@@ -38,12 +39,24 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     if let Some(page) = crate::dashboard::asset(request.method(), path) {
         return page;
     }
+    if path == "/admin/openapi.json" && request.method() == http::Method::GET {
+        return crate::client_keys::api::openapi();
+    }
     let public = path == "/metrics" && runtime.snapshot.admin.metrics_public;
-    if !public && !authorized(&runtime, &request) {
+    let admin = match public {
+        true => Some("metrics_public".to_owned()),
+        false => Box::pin(admin_of(&runtime, &request)).await,
+    };
+    let Some(admin) = admin else {
         return answer(
             StatusCode::UNAUTHORIZED,
-            r#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin.token>`","type":"authentication_error","param":null,"code":"invalid_api_key"}}"#.into(),
+            r#"{"error":{"message":"the admin API needs `Authorization: Bearer <admin.token>` (or a JWT with a role of admin.jwt_roles)","type":"authentication_error","param":null,"code":"invalid_api_key"}}"#.into(),
         );
+    };
+    if path.starts_with("/admin/keys") || path == "/admin/audit" {
+        let actor = actor(admin, &request);
+        let answer = crate::client_keys::api::handle(&runtime, request, actor).await;
+        return answer.unwrap_or_else(|| not_found("no such admin endpoint".into()));
     }
     match (request.method().as_str(), path) {
         ("GET", "/admin/backends") => answer(StatusCode::OK, backends(&runtime).await.to_string()),
@@ -75,6 +88,26 @@ pub async fn handle(live: Arc<Live>, request: Request<RequestBody>) -> Response<
     }
 }
 
+/// Who the request's credential makes an admin: `admin.token`, or the JWT caller whose role is
+/// one of `admin.jwt_roles`; `None` for anyone else.
+async fn admin_of(runtime: &Runtime, request: &Request<RequestBody>) -> Option<String> {
+    if authorized(runtime, request) {
+        return Some("admin.token".to_owned());
+    }
+    let credential = presented_key(request.headers())?;
+    let roles_allowed = !runtime.snapshot.admin.jwt_roles.is_empty();
+    if !roles_allowed || !crate::jwt::applies(&runtime.snapshot, credential) {
+        return None;
+    }
+    match crate::jwt::admin(runtime, credential).await {
+        Ok(who) => Some(who),
+        Err(error) => {
+            tracing::info!(%error, "an admin API call with a JWT was refused");
+            None
+        }
+    }
+}
+
 /// Compares digests, so the time taken says nothing about how much of the token matched.
 fn authorized(runtime: &Runtime, request: &Request<RequestBody>) -> bool {
     let Some(token) = runtime.snapshot.admin.token.as_ref() else {
@@ -84,6 +117,28 @@ fn authorized(runtime: &Runtime, request: &Request<RequestBody>) -> bool {
         return false;
     };
     Sha256::digest(presented.as_bytes()) == Sha256::digest(token.expose().as_bytes())
+}
+
+/// Who makes a change, for the audit: the admin (the token, or a JWT's subject), and the name an
+/// `x-onedoor-actor` header gives (a person, a pipeline), when there is one.
+fn actor(admin: String, request: &Request<RequestBody>) -> String {
+    const MAX: usize = 100;
+    let named = request
+        .headers()
+        .get("x-onedoor-actor")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.trim()
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(MAX)
+                .collect::<String>()
+        })
+        .filter(|v| !v.is_empty());
+    match named {
+        Some(name) => format!("{admin} ({name})"),
+        None => admin,
+    }
 }
 
 fn answer(status: StatusCode, body: String) -> Response<Body> {

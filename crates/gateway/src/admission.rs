@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::HeaderName;
 use http_body::{Frame, SizeHint};
 use http_body_util::BodyExt;
-use onedoor_config::{Alias, Key, Limits, Price, Snapshot, Tenant};
+use onedoor_config::{Alias, Key, KeyOrigin, Limits, Price, Snapshot, Tenant};
 use onedoor_state::{
     Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal, Reservation, Settlement, State,
     Store, Unavailable, Verdict,
@@ -211,6 +211,15 @@ pub(crate) fn meter_limits(limits: &Limits) -> Option<MeterLimits> {
     (meter != MeterLimits::default()).then_some(meter)
 }
 
+/// The limits of a key's own meter: a runtime key is always metered (its spend is shown), a
+/// config key only when it has limits.
+fn key_meter(key: &Key) -> Option<MeterLimits> {
+    match key.origin {
+        KeyOrigin::Runtime => Some(meter_limits(&key.limits).unwrap_or_default()),
+        KeyOrigin::Config => meter_limits(&key.limits),
+    }
+}
+
 pub(crate) fn needs_tokens(limits: &MeterLimits) -> bool {
     limits.tpm.is_some() || limits.tokens_per_day.is_some() || limits.micro_usd_per_month.is_some()
 }
@@ -331,7 +340,7 @@ async fn ask_of(request: &Request<'_>) -> Option<(Ask, Option<Estimate>)> {
     if let Some(limits) = meter_limits(&tenant.limits) {
         meters.push((MeterKey::tenant(&tenant.name), limits));
     }
-    if let Some(limits) = meter_limits(&key.limits) {
+    if let Some(limits) = key_meter(key) {
         meters.push((MeterKey::key(&tenant.name, &key.id), limits));
     }
     if meters.is_empty() {
@@ -446,6 +455,9 @@ fn refused(request: &Request<'_>, refusal: &Refusal, estimate: Option<Estimate>)
             seconds(wait)
         ),
     };
+    if let Some(budget) = spent_budget(request, refusal) {
+        return budget;
+    }
     match refusal.limit {
         Limit::TokensPerDay | Limit::UsdPerMonth => GatewayError::QuotaExceeded {
             message,
@@ -458,6 +470,30 @@ fn refused(request: &Request<'_>, refusal: &Refusal, estimate: Option<Estimate>)
     }
 }
 
+/// A refusal at a runtime key's monthly spend, when that spend is its `usd_budget` (not a
+/// tighter `usd_per_month` of its own).
+fn spent_budget(request: &Request<'_>, refusal: &Refusal) -> Option<GatewayError> {
+    let budget = request.key.usd_budget?;
+    let own_meter = refusal.meter > 0 || meter_limits(&request.tenant.limits).is_none();
+    let at_budget = refusal.cap == (budget * 1_000_000.0).round() as u64;
+    if refusal.limit != Limit::UsdPerMonth || !own_meter || !at_budget {
+        return None;
+    }
+    let wait = Duration::from_millis(refusal.retry_after_ms);
+    let message = format!(
+        "budget exceeded: the key `{}` has spent ${:.4} of its ${:.2} budget this UTC month, and this request may cost up to ${:.4}; the budget renews in {}",
+        request.key.id,
+        refusal.used as f64 / 1e6,
+        budget,
+        refusal.asked as f64 / 1e6,
+        seconds(wait)
+    );
+    Some(GatewayError::BudgetExceeded {
+        message,
+        period_ends_in: wait,
+    })
+}
+
 pub(crate) fn seconds(wait: Duration) -> String {
     let secs = wait.as_millis().div_ceil(1000).max(1);
     match secs {
@@ -467,15 +503,29 @@ pub(crate) fn seconds(wait: Duration) -> String {
     }
 }
 
-/// `GET /admin/tenants`: every tenant's and key's usage against each of its limits, in the
-/// current windows (rolling minute, in flight now, UTC day, UTC month), from the state store.
+/// `GET /admin/tenants`: every tenant's and key's (the config's and the runtime ones') usage
+/// against each of its limits, in the current windows (rolling minute, in flight now, UTC day,
+/// UTC month), from the state store.
 pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value {
+    let runtime_keys = runtime.client_keys.entries();
+    let callers: Vec<Vec<&Key>> = runtime
+        .snapshot
+        .tenants
+        .iter()
+        .map(|tenant| {
+            let made = runtime_keys
+                .iter()
+                .filter(|e| *e.stored.tenant == *tenant.name)
+                .map(|e| e.key.as_ref());
+            tenant.callers().chain(made).collect()
+        })
+        .collect();
     let mut meters: Vec<(usize, Option<usize>, MeterKey, MeterLimits)> = Vec::new();
     for (t, tenant) in runtime.snapshot.tenants.iter().enumerate() {
         if let Some(limits) = meter_limits(&tenant.limits) {
             meters.push((t, None, MeterKey::tenant(&tenant.name), limits));
         }
-        for (k, key) in tenant.callers().enumerate() {
+        for (k, key) in callers.get(t).into_iter().flatten().enumerate() {
             if let Some(limits) = meter_limits(&key.limits) {
                 meters.push((t, Some(k), MeterKey::key(&tenant.name, &key.id), limits));
             }
@@ -499,11 +549,14 @@ pub async fn usage_view(runtime: &crate::runtime::Runtime) -> serde_json::Value 
         .iter()
         .enumerate()
         .map(|(t, tenant)| {
-            let keys: Vec<serde_json::Value> = tenant
-                .callers()
+            let keys: Vec<serde_json::Value> = callers
+                .get(t)
+                .into_iter()
+                .flatten()
                 .enumerate()
                 .filter_map(|(k, key)| {
-                    of(t, Some(k)).map(|limits| serde_json::json!({"id": key.id, "limits": limits}))
+                    let runtime = key.origin == KeyOrigin::Runtime;
+                    of(t, Some(k)).map(|limits| serde_json::json!({"id": key.id, "limits": limits, "runtime": runtime}))
                 })
                 .collect();
             serde_json::json!({

@@ -1,6 +1,9 @@
 //! Client authentication: the credential from any of the three accepted headers, a JWT (see
-//! `jwt`) or a client key, which is looked up by its sha256 digest so the gateway never holds
-//! client keys in the clear.
+//! `jwt`) or a client key (the config's, or one made at runtime, see `client_keys`), which is
+//! looked up by its sha256 digest so the gateway never holds client keys in the clear.
+
+use std::ops::Deref;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
 use onedoor_config::{Key, Snapshot, Tenant};
@@ -13,7 +16,24 @@ use crate::runtime::Runtime;
 /// The authenticated caller of one request.
 pub struct Caller<'a> {
     pub tenant: &'a Tenant,
-    pub key: &'a Key,
+    pub key: CallerKey<'a>,
+}
+
+/// A caller's key: one of the config's (or a JWT principal's), or one made at runtime.
+pub enum CallerKey<'a> {
+    Config(&'a Key),
+    Runtime(Arc<Key>),
+}
+
+impl Deref for CallerKey<'_> {
+    type Target = Key;
+
+    fn deref(&self) -> &Key {
+        match self {
+            CallerKey::Config(key) => key,
+            CallerKey::Runtime(key) => key,
+        }
+    }
 }
 
 /// The client key from `Authorization: Bearer`, `api-key` or `x-api-key`. Upstream requests are
@@ -52,7 +72,7 @@ pub async fn identify<'a>(
         // Boxed: its key fetch would otherwise grow every request's future.
         return Box::pin(jwt::caller(runtime, credential)).await;
     }
-    caller_of(&runtime.snapshot, credential)
+    caller_of(runtime, credential)
 }
 
 /// Whether the request's credential is known without waiting: a key, or a token that checks
@@ -63,27 +83,42 @@ pub fn known(runtime: &Runtime, headers: &HeaderMap) -> bool {
     };
     match jwt::applies(&runtime.snapshot, credential) {
         true => jwt::cached_caller(runtime, credential).is_some(),
-        false => caller_of(&runtime.snapshot, credential).is_ok(),
+        false => caller_of(runtime, credential).is_ok(),
     }
 }
 
 /// The caller a client key belongs to, wherever it was presented (a header, or the realtime
-/// `openai-insecure-api-key.` subprotocol of browsers that cannot set headers).
-pub fn caller_of<'a>(snapshot: &'a Snapshot, key: &str) -> Result<Caller<'a>, GatewayError> {
+/// `openai-insecure-api-key.` subprotocol of browsers that cannot set headers): a config key
+/// first, then a runtime one, so a runtime key never shadows the config.
+pub fn caller_of<'a>(runtime: &'a Runtime, key: &str) -> Result<Caller<'a>, GatewayError> {
     let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-    let (tenant_id, key_index) = snapshot
-        .keys_by_hash
-        .get(&digest)
-        .ok_or(GatewayError::UnknownKey)?;
+    let snapshot = &runtime.snapshot;
+    if let Some(caller) = config_caller(snapshot, &digest) {
+        return Ok(caller);
+    }
+    let entry = runtime
+        .client_keys
+        .find(&digest, onedoor_state::now_ms())
+        .ok_or(GatewayError::UnknownKey)??;
     let tenant = snapshot
         .tenants
-        .get(*tenant_id)
+        .iter()
+        .find(|t| *t.name == *entry.stored.tenant)
         .ok_or(GatewayError::UnknownKey)?;
-    let key = tenant
-        .keys
-        .get(*key_index)
-        .ok_or(GatewayError::UnknownKey)?;
-    Ok(Caller { tenant, key })
+    Ok(Caller {
+        tenant,
+        key: CallerKey::Runtime(entry.key.clone()),
+    })
+}
+
+fn config_caller<'a>(snapshot: &'a Snapshot, digest: &[u8; 32]) -> Option<Caller<'a>> {
+    let (tenant_id, key_index) = snapshot.keys_by_hash.get(digest)?;
+    let tenant = snapshot.tenants.get(*tenant_id)?;
+    let key = tenant.keys.get(*key_index)?;
+    Some(Caller {
+        tenant,
+        key: CallerKey::Config(key),
+    })
 }
 
 #[cfg(test)]

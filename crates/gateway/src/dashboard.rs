@@ -1,6 +1,7 @@
-//! The operator dashboard on the admin port: a page (`GET /dashboard` and its script, style and
-//! icon, built into the binary) that carries no data, and `GET /admin/dashboard`, everything the
-//! page shows in one answer, behind the admin token like the rest of the admin API.
+//! The operator dashboard on the admin port: pages (`GET /dashboard`, the overview, and
+//! `GET /dashboard/keys`, runtime keys; their scripts, style and icon built into the binary) that
+//! carry no data, and `GET /admin/dashboard`, everything the overview shows in one answer, behind
+//! the admin token like the rest of the admin API (the keys page uses `/admin/keys`).
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Response};
@@ -12,6 +13,8 @@ const PAGE: &str = include_str!("dashboard/index.html");
 const SCRIPT: &str = include_str!("dashboard/dashboard.js");
 const STYLE: &str = include_str!("dashboard/dashboard.css");
 const ICON: &str = include_str!("dashboard/icon.svg");
+const KEYS_PAGE: &str = include_str!("dashboard/keys.html");
+const KEYS_SCRIPT: &str = include_str!("dashboard/keys.js");
 
 /// The page loads its own script, style and icon and talks to this port only; nothing inline,
 /// nothing from elsewhere.
@@ -28,6 +31,8 @@ pub fn asset(method: &Method, path: &str) -> Option<Response<Body>> {
         "/dashboard/dashboard.js" => (SCRIPT, "text/javascript; charset=utf-8"),
         "/dashboard/dashboard.css" => (STYLE, "text/css; charset=utf-8"),
         "/dashboard/icon.svg" => (ICON, "image/svg+xml"),
+        "/dashboard/keys" | "/dashboard/keys/" => (KEYS_PAGE, "text/html; charset=utf-8"),
+        "/dashboard/keys.js" => (KEYS_SCRIPT, "text/javascript; charset=utf-8"),
         _ => return None,
     };
     let mut response = Response::new(full(Bytes::from_static(text.as_bytes())));

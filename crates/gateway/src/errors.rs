@@ -29,6 +29,9 @@ pub enum GatewayError {
     MissingKey,
     #[error("the API key is not valid")]
     UnknownKey,
+    /// A runtime key that exists but may not be used now (disabled, expired).
+    #[error("{0}")]
+    KeyRefused(String),
     /// A JWT that failed a check; the message says which (never the token).
     #[error("the bearer token is not accepted: {0}")]
     InvalidToken(String),
@@ -71,6 +74,12 @@ pub enum GatewayError {
         message: String,
         retry_after: Duration,
     },
+    /// A runtime key's `usd_budget` is spent; the message says how much.
+    #[error("{message}")]
+    BudgetExceeded {
+        message: String,
+        period_ends_in: Duration,
+    },
     /// The caller's tokens_per_day or usd_per_month; `period_ends_in` says when it renews.
     #[error("{message}")]
     QuotaExceeded {
@@ -101,16 +110,17 @@ impl GatewayError {
             | GatewayError::ModelNotFound(_)
             | GatewayError::ServedNowhere(_) => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            GatewayError::MissingKey | GatewayError::UnknownKey | GatewayError::InvalidToken(_) => {
-                StatusCode::UNAUTHORIZED
-            }
+            GatewayError::MissingKey
+            | GatewayError::UnknownKey
+            | GatewayError::KeyRefused(_)
+            | GatewayError::InvalidToken(_) => StatusCode::UNAUTHORIZED,
             GatewayError::ModelNotAllowed(_) | GatewayError::QuotaExceeded { .. } => {
                 StatusCode::FORBIDDEN
             }
             GatewayError::RequestTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            GatewayError::UpstreamRateLimited { .. } | GatewayError::RateLimited { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            GatewayError::UpstreamRateLimited { .. }
+            | GatewayError::RateLimited { .. }
+            | GatewayError::BudgetExceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::UpstreamFailed(_) | GatewayError::UpstreamFailedInRegions { .. } => {
                 StatusCode::BAD_GATEWAY
             }
@@ -133,7 +143,9 @@ impl GatewayError {
             | GatewayError::MethodNotAllowed(_)
             | GatewayError::NotImplemented(_) => "invalid_request",
             GatewayError::NoSuchObject(_) => "object_not_found",
-            GatewayError::MissingKey | GatewayError::UnknownKey => "invalid_api_key",
+            GatewayError::MissingKey | GatewayError::UnknownKey | GatewayError::KeyRefused(_) => {
+                "invalid_api_key"
+            }
             GatewayError::InvalidToken(_) => "invalid_token",
             GatewayError::ModelNotAllowed(_) => "model_not_allowed",
             GatewayError::ModelNotFound(_) | GatewayError::ServedNowhere(_) => "model_not_found",
@@ -148,6 +160,7 @@ impl GatewayError {
             GatewayError::UpstreamTimeout(_) => "upstream_timeout",
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::QuotaExceeded { .. } => "quota_exceeded",
+            GatewayError::BudgetExceeded { .. } => "budget_exceeded",
             GatewayError::StateUnavailable => "state_unavailable",
             GatewayError::RequestTimeout(_) => "request_timeout",
             GatewayError::Overloaded(_) => "gateway_overloaded",
@@ -173,7 +186,8 @@ impl GatewayError {
             | GatewayError::CircuitOpen { retry_after, .. }
             | GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
             // Not a retry that cures it soon: when the quota's period renews.
-            GatewayError::QuotaExceeded { period_ends_in, .. } => Some(*period_ends_in),
+            GatewayError::QuotaExceeded { period_ends_in, .. }
+            | GatewayError::BudgetExceeded { period_ends_in, .. } => Some(*period_ends_in),
             GatewayError::StateUnavailable | GatewayError::Overloaded(_) => {
                 Some(Duration::from_secs(1))
             }

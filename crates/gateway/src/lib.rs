@@ -13,6 +13,7 @@ mod batch;
 pub mod body;
 mod boxing;
 mod breaker;
+mod client_keys;
 mod dashboard;
 mod errors;
 mod failover;
@@ -264,6 +265,12 @@ fn launch(
     runtime.recorder = recording::start(&runtime.snapshot);
     runtime.telemetry = telemetry::start(&runtime.snapshot);
     runtime.key_sets.warm(&runtime.snapshot);
+    let destination = onedoor_usage::Destination::of(&runtime.snapshot.usage).ok();
+    let key_store = destination
+        .map(|d| d.store)
+        .filter(|s| *s != onedoor_usage::StoreUrl::Off);
+    let notices = client_keys::notices(&runtime.snapshot.state);
+    runtime.client_keys = Arc::new(client_keys::ClientKeys::new(key_store, notices));
     let seen = source.as_ref().map(|s| s.seen);
     let live = Arc::new(Live::new(runtime, source.map(|s| s.path), watcher.clone()));
     let addr = local_addr(&client);
@@ -306,7 +313,8 @@ fn launch(
     let activity = live.current().metrics.activity.clone();
     let sampler = tokio::spawn(activity::sample(activity, watcher.clone()));
     let batches = tokio::spawn(batch::poll(live.clone(), watcher.clone()));
-    let mut tasks = vec![sampler, batches];
+    let keys = client_keys::keep_in_sync(live.current().client_keys.clone(), watcher.clone());
+    let mut tasks = vec![sampler, batches, tokio::spawn(keys)];
     if let Some(seen) = seen {
         tasks.push(tokio::spawn(reload::watch_file(
             live.clone(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderName, HeaderValue, Request, Response, StatusCode};
-use onedoor_config::{Alias, Snapshot, Tenant};
+use onedoor_config::{Alias, Key, Snapshot, Tenant};
 use tokio::time::Instant;
 
 use crate::access_log::{self, Line};
@@ -206,7 +206,7 @@ async fn serve(
         Route::Readyz => Ok(Box::pin(crate::readiness::answer(runtime)).await),
         Route::Models => {
             let caller = auth::identify(runtime, request.headers()).await?;
-            Ok(models(snapshot, caller.tenant))
+            Ok(models(snapshot, caller.tenant, &caller.key))
         }
         Route::Batch(resource, dialect) => {
             let mut served = crate::batch::Served::default();
@@ -238,7 +238,7 @@ async fn serve(
             exchange.tenant = Some(caller.tenant.name.clone());
             exchange.key_id = Some(caller.key.id.clone());
             exchange.entered = Some(runtime.metrics.enter(&caller.tenant.name));
-            if trace::asked(request.headers(), caller.key) {
+            if trace::asked(request.headers(), &caller.key) {
                 exchange.trail.trace = Some(Box::new(Decision::new(Instant::now())));
             }
             let session = session_token::presented(request.headers());
@@ -265,11 +265,11 @@ fn json(status: StatusCode, body: &'static str) -> Response<Body> {
 }
 
 /// `GET /v1/models`: the aliases this key may use.
-fn models(snapshot: &Snapshot, tenant: &Tenant) -> Response<Body> {
+fn models(snapshot: &Snapshot, tenant: &Tenant, key: &Key) -> Response<Body> {
     let data: Vec<serde_json::Value> = snapshot
         .aliases
         .iter()
-        .filter(|alias| tenant.may_use(&alias.name))
+        .filter(|alias| tenant.may_use(&alias.name) && key.may_use(&alias.name))
         .map(|alias| serde_json::json!({"id": alias.name, "object": "model", "created": 0, "owned_by": "onedoor"}))
         .collect();
     let body = serde_json::json!({"object": "list", "data": data});
@@ -346,7 +346,7 @@ impl<'a> Call<'a> {
     ) -> Result<Response<Body>, GatewayError> {
         let snapshot = &runtime.snapshot;
         exchange.alias = Some(self.name.clone());
-        let resolved = resolve(snapshot, &self.name, self.caller.tenant);
+        let resolved = resolve(snapshot, &self.name, self.caller.tenant, &self.caller.key);
         if let Some(trace) = exchange.trail.trace.as_mut() {
             trace.set("alias", match &resolved {
                 Ok((alias, index)) => serde_json::json!({"requested": self.name, "resolved": alias.name, "wildcard": index.is_none()}),
@@ -363,7 +363,7 @@ impl<'a> Call<'a> {
             snapshot,
             store: &runtime.state,
             tenant: self.caller.tenant,
-            key: self.caller.key,
+            key: &self.caller.key,
             alias,
             requested: &self.name,
             body: &self.request,
@@ -566,9 +566,11 @@ pub(crate) fn resolve<'s>(
     snapshot: &'s Snapshot,
     name: &str,
     tenant: &Tenant,
+    key: &Key,
 ) -> Result<(&'s Alias, Option<usize>), GatewayError> {
+    let may_use = |name: &str| tenant.may_use(name) && key.may_use(name);
     if let Some(&index) = snapshot.alias_by_name.get(name) {
-        if !tenant.may_use(name) {
+        if !may_use(name) {
             return Err(GatewayError::ModelNotAllowed(name.to_owned()));
         }
         let alias = snapshot
@@ -578,7 +580,7 @@ pub(crate) fn resolve<'s>(
         return Ok((alias, Some(index)));
     }
     match &snapshot.wildcard {
-        Some(wildcard) if tenant.may_use("*") => Ok((wildcard, None)),
+        Some(wildcard) if may_use("*") => Ok((wildcard, None)),
         _ => Err(GatewayError::ModelNotFound(name.to_owned())),
     }
 }

@@ -56,6 +56,8 @@ pub struct Runtime {
     pub stopping: Arc<crate::stopping::Stopping>,
     /// The JWT issuers' signing keys; shared by every runtime of the gateway.
     pub key_sets: Arc<crate::jwt::KeySets>,
+    /// Client keys made through the admin API; shared by every runtime of the gateway.
+    pub client_keys: Arc<crate::client_keys::ClientKeys>,
 }
 
 impl Runtime {
@@ -108,6 +110,7 @@ impl Runtime {
             telemetry: None,
             stopping: Arc::default(),
             key_sets: Arc::default(),
+            client_keys: Arc::new(crate::client_keys::ClientKeys::none()),
         }
     }
 
@@ -128,6 +131,7 @@ impl Runtime {
         next.telemetry = crate::telemetry::carry_over(&self.telemetry, &next.snapshot);
         next.stopping = self.stopping.clone();
         next.key_sets = self.key_sets.clone();
+        next.client_keys = self.client_keys.clone();
         for (id, backend) in next.snapshot.backends.iter().enumerate() {
             let Some(&old) = self.snapshot.backend_by_name.get(&*backend.name) else {
                 continue;

@@ -98,6 +98,8 @@ async fn the_page_is_served_without_a_token_and_carries_no_data() {
         ("/dashboard/dashboard.js", "text/javascript; charset=utf-8"),
         ("/dashboard/dashboard.css", "text/css; charset=utf-8"),
         ("/dashboard/icon.svg", "image/svg+xml"),
+        ("/dashboard/keys", "text/html; charset=utf-8"),
+        ("/dashboard/keys.js", "text/javascript; charset=utf-8"),
     ] {
         let asset = h.admin_get(path, None).await;
         assert_eq!(asset.status, 200, "{path}");

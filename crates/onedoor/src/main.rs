@@ -1,6 +1,8 @@
-//! The `onedoor` command line: `serve`, `demo`, `validate`, `keys new`, `usage report`, `mock`.
+//! The `onedoor` command line: `serve`, `demo`, `validate`, `keys` (`new`, and the admin API's
+//! runtime keys), `usage report`, `mock`.
 //! Each command wires parts together; the parts hold the logic.
 
+mod admin_client;
 mod allocator;
 mod demo;
 mod keys;
@@ -72,6 +74,9 @@ enum UsageCommand {
 enum KeysCommand {
     /// Print a fresh random client key and its `sha256:` hash for the config.
     New,
+    /// Runtime keys, through the admin API.
+    #[command(flatten)]
+    Runtime(Box<keys::Runtime>),
 }
 
 fn main() -> ExitCode {
@@ -86,6 +91,9 @@ fn main() -> ExitCode {
             print!("{}", keys::new_key_text());
             ExitCode::SUCCESS
         }
+        Command::Keys {
+            command: KeysCommand::Runtime(command),
+        } => run(keys::run(*command)),
         Command::Serve { config } => run(serve(config)),
         Command::Demo { port } => run(demo::run(port)),
         Command::Usage {

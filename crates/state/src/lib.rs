@@ -11,6 +11,7 @@ mod breaker;
 mod ledger;
 mod memory;
 mod meter;
+mod notices;
 mod redis;
 mod redis_link;
 mod store;
@@ -25,6 +26,7 @@ pub use meter::{
     day_ends_in, month_ends_in, Ask, Charge, Limit, MeterKey, MeterLimits, MeterUsage, Refusal,
     Reservation, Settlement, Verdict, SHORT_WINDOW_SECONDS,
 };
+pub use notices::Notices;
 pub use redis::{OnError, RedisConfig, RedisState};
 pub use store::{Detached, Health, Store};
 

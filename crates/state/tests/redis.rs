@@ -660,3 +660,46 @@ async fn a_debt_from_an_earlier_second_corrects_its_own_bucket() {
         (100, 100, 1)
     );
 }
+
+#[tokio::test]
+async fn a_notice_reaches_the_listeners_of_its_prefix_and_no_other() {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let prefix = format!("test-notices-{}-{nanos}", std::process::id());
+    let url = format!("redis://{REDIS}/0");
+    redis("notices").await;
+    let notices = |prefix: &str| onedoor_state::Notices::new(&url, prefix, "client-keys").unwrap();
+    let (one, other, stranger) = (notices(&prefix), notices(&prefix), notices("elsewhere"));
+    let mut heard = other.listen();
+    let mut unheard = stranger.listen();
+    // Each listener first says it has subscribed (with an empty notice).
+    let wait = std::time::Duration::from_secs(5);
+    assert_eq!(
+        tokio::time::timeout(wait, heard.recv())
+            .await
+            .unwrap()
+            .unwrap(),
+        ""
+    );
+    assert_eq!(
+        tokio::time::timeout(wait, unheard.recv())
+            .await
+            .unwrap()
+            .unwrap(),
+        ""
+    );
+    one.announce("42").await;
+    assert_eq!(
+        tokio::time::timeout(wait, heard.recv())
+            .await
+            .unwrap()
+            .unwrap(),
+        "42"
+    );
+    let quiet = std::time::Duration::from_millis(200);
+    assert!(tokio::time::timeout(quiet, unheard.recv()).await.is_err());
+    // Only one server's URL forms carry notices.
+    assert!(onedoor_state::Notices::new("redis+cluster://127.0.0.1:7000", &prefix, "t").is_none());
+}

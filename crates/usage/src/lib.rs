@@ -6,6 +6,7 @@
 //! push into the recording thread's buffer and a copy into its part of the ledger.
 
 mod journal;
+mod keys;
 mod ledger;
 mod postgres;
 mod price;
@@ -18,6 +19,9 @@ mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use keys::{
+    AuditEntry, Change, KeySet, KeyStore, KeyStoreError, KeyWrite, StoredKey, StoredSecret,
+};
 pub use price::{cost_of, cost_usd, price_of};
 pub use record::{now_ms, utc_day, Source, Tokens, UsageRecord};
 pub use recorder::{Recorder, RecorderStats};

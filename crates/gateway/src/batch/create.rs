@@ -63,7 +63,7 @@ pub async fn create(
     let order = order(body)?;
     let (file, input) = read_input(runtime, caller, &order).await?;
     let snapshot = &runtime.snapshot;
-    let (alias, _) = resolve(snapshot, &input.alias, caller.tenant)?;
+    let (alias, _) = resolve(snapshot, &input.alias, caller.tenant, &caller.key)?;
     let counted = quotas(&caller.tenant.limits).is_some() || quotas(&caller.key.limits).is_some();
     let estimator = counted.then(|| admission::estimator(alias, &input.alias));
     let default_max_tokens = snapshot.routing.default_max_tokens;
@@ -400,7 +400,7 @@ async fn hold(
     completion: u64,
     lines: usize,
 ) -> Result<Option<Reservation>, GatewayError> {
-    let (tenant, key) = (caller.tenant, caller.key);
+    let (tenant, key) = (caller.tenant, &*caller.key);
     let mut meters = Vec::new();
     if let Some(limits) = quotas(&tenant.limits) {
         meters.push((MeterKey::tenant(&tenant.name), limits));

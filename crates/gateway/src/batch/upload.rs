@@ -45,7 +45,7 @@ pub async fn upload(
         GatewayError::InvalidRequest(format!("the batch input file is not UTF-8 text: {e}"))
     })?;
     let input = input::read(text, settings)?;
-    resolve(&runtime.snapshot, &input.alias, caller.tenant)?;
+    resolve(&runtime.snapshot, &input.alias, caller.tenant, &caller.key)?;
     let record = FileRecord {
         id: new_id("file-"),
         filename: form.filename,

@@ -68,6 +68,8 @@ pub enum Refusal {
     MalformedClaims(String),
     #[error("no tenant's principal matches it (principals name its {0})")]
     NoPrincipal(String),
+    #[error("its roles claim holds none of admin.jwt_roles ({0})")]
+    NoAdminRole(String),
 }
 
 impl From<Refusal> for GatewayError {
@@ -87,6 +89,33 @@ pub async fn caller<'a>(runtime: &'a Runtime, token: &str) -> Result<Caller<'a>,
         .await?;
     let claims = verify(token, &seen, issuer, &keys)?;
     Ok(principal(snapshot, index, &claims)?)
+}
+
+/// Who an admin API token is (for the audit: `jwt SUBJECT (ISSUER)`), when its `roles` claim
+/// holds one of `admin.jwt_roles`.
+pub async fn admin(runtime: &Runtime, token: &str) -> Result<String, GatewayError> {
+    let snapshot = &runtime.snapshot;
+    let seen = Unverified::read(token)?;
+    let (_, issuer) = issuer_of(snapshot, &seen.iss)?;
+    let keys = runtime
+        .key_sets
+        .keys_for(issuer, seen.kid.as_deref())
+        .await?;
+    let claims = verify(token, &seen, issuer, &keys)?;
+    let allowed = &snapshot.admin.jwt_roles;
+    let roles: Vec<&str> = match claims.get("roles") {
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).collect(),
+        Some(Value::String(role)) => vec![role.as_str()],
+        _ => Vec::new(),
+    };
+    if !roles.iter().any(|role| allowed.iter().any(|a| a == role)) {
+        return Err(Refusal::NoAdminRole(allowed.join(", ")).into());
+    }
+    let subject = ["oid", "sub", "azp", "appid"]
+        .iter()
+        .find_map(|claim| claims.get(*claim).and_then(Value::as_str))
+        .unwrap_or("unknown");
+    Ok(format!("jwt {} ({})", shortened(subject), issuer.issuer))
 }
 
 /// The caller a token is, from cached keys only (no fetch): `None` when it is not known now.
@@ -279,7 +308,7 @@ fn principal<'a>(
         .ok_or(Refusal::NoPrincipal(String::new()))?;
     Ok(Caller {
         tenant,
-        key: &principal.key,
+        key: crate::auth::CallerKey::Config(&principal.key),
     })
 }
 

@@ -97,22 +97,22 @@ async fn accept(
     let snapshot = &runtime.snapshot;
     let ask = Ask::read(path, request.uri().query().unwrap_or(""), request.headers())?;
     let caller = match (auth::presented_key(request.headers()), &ask.subprotocol_key) {
-        (None, Some(key)) => auth::caller_of(snapshot, key)?,
+        (None, Some(key)) => auth::caller_of(runtime, key)?,
         _ => auth::identify(runtime, request.headers()).await?,
     };
     seen.caller = Some((caller.tenant.name.clone(), caller.key.id.clone()));
     // One copy of the name, for the handshake's record and the session's usage record.
     let alias_name: Arc<str> = Arc::from(ask.alias.as_str());
     seen.alias = Some(alias_name.clone());
-    let (alias, alias_index) = pipeline::resolve(snapshot, &ask.alias, caller.tenant)?;
+    let (alias, alias_index) = pipeline::resolve(snapshot, &ask.alias, caller.tenant, &caller.key)?;
     let entered = runtime.sessions.enter().ok_or_else(|| {
         GatewayError::NoBackendAvailable(
             "onedoor is shutting down and opens no new realtime sessions; connect again shortly"
                 .into(),
         )
     })?;
-    let quota = Quota::check(&runtime.state, caller.tenant, caller.key).await?;
-    let slot = limit::admit(snapshot, &runtime.state, caller.tenant, caller.key).await?;
+    let quota = Quota::check(&runtime.state, caller.tenant, &caller.key).await?;
+    let slot = limit::admit(snapshot, &runtime.state, caller.tenant, &caller.key).await?;
     let mut plan = router::plan(
         runtime,
         alias,
