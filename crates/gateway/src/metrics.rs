@@ -820,6 +820,7 @@ mod tests {
             stream: true,
             stream_cut: false,
             error: None,
+            lines: None,
         }
     }
 

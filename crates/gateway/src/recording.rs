@@ -204,6 +204,7 @@ impl Pending {
             stream: false,
             stream_cut: false,
             error: None,
+            lines: None,
         };
         Pending {
             record,

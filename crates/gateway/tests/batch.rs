@@ -442,7 +442,7 @@ async fn a_completed_batch_is_one_usage_record_at_batch_prices_and_settles_its_r
     gateway.shutdown().await;
     fleet.shutdown().await;
     let report = onedoor_usage::report(
-        &onedoor_usage::StoreUrl::Sqlite(db),
+        &onedoor_usage::StoreUrl::Sqlite(db.clone()),
         &onedoor_usage::ReportQuery::default(),
     )
     .await
@@ -452,6 +452,11 @@ async fn a_completed_batch_is_one_usage_record_at_batch_prices_and_settles_its_r
         (report.total.input_tokens, report.total.output_tokens),
         (input, out)
     );
+    let lines: Option<i64> = rusqlite::Connection::open(&db)
+        .unwrap()
+        .query_row("SELECT lines FROM usage_records", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(lines, Some(3), "the batch's record counts its three lines");
     let batch_price = (input as f64 * 1.0 + out as f64 * 4.0) / 1e6;
     assert!(
         (report.total.cost_usd - batch_price).abs() < 1e-9,

@@ -31,6 +31,9 @@ async fn alternate(
     key: &str,
     count: usize,
 ) -> (usize, usize, usize) {
+    for gateway in gateways {
+        until_shared(h, gateway).await;
+    }
     let mut answers = Vec::with_capacity(count);
     for i in 0..count {
         answers.push(
@@ -49,6 +52,19 @@ async fn alternate(
 async fn readiness(h: &Harness, gateway: &onedoor_gateway::Running) -> (u16, serde_json::Value) {
     let answer = get_on(h, gateway, "/readyz").await;
     (answer.status.as_u16(), answer.json())
+}
+
+/// Waits (up to 20 s) until `gateway` has reached its store: its first connections (TLS
+/// handshakes with every node of a Cluster) can take longer than a call may on a busy machine.
+async fn until_shared(h: &Harness, gateway: &onedoor_gateway::Running) {
+    for _ in 0..200 {
+        let (status, body) = readiness(h, gateway).await;
+        if status == 200 && body["state"]["mode"] == "shared" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the gateway did not reach its Redis within 20 s");
 }
 
 /// One backend `a` serving `chat`, tenants `first` and `second` (keys `KEY` and `OTHER_KEY`)

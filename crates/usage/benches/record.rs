@@ -47,6 +47,7 @@ fn record(n: u64) -> UsageRecord {
         stream: true,
         stream_cut: false,
         error: None,
+        lines: None,
     }
 }
 

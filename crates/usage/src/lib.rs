@@ -56,5 +56,6 @@ pub(crate) fn testing_record(request_id: &str) -> UsageRecord {
         stream: true,
         stream_cut: false,
         error: None,
+        lines: None,
     }
 }

@@ -143,6 +143,7 @@ impl PostgresStore {
                 &r.stream_cut,
                 &r.cache_write_tokens,
                 &r.error,
+                &r.lines,
             ]);
         }
         let sql = schema::insert(rows.len(), |n| format!("${n}"));

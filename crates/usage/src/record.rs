@@ -81,6 +81,10 @@ pub struct UsageRecord {
     /// what cut it. `None` when it was answered.
     #[serde(default)]
     pub error: Option<String>,
+    /// The requests a batch's record stands for (the lines of its input file); `None` for a
+    /// record of one request.
+    #[serde(default)]
+    pub lines: Option<u64>,
 }
 
 impl UsageRecord {

@@ -37,6 +37,8 @@ pub const MIGRATIONS: &[&str] = &[
     "ALTER TABLE usage_records ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0;",
     // 3: the error code a request ended with.
     "ALTER TABLE usage_records ADD COLUMN error TEXT;",
+    // 4: the requests a batch's record stands for; NULL for one request.
+    "ALTER TABLE usage_records ADD COLUMN lines BIGINT;",
 ];
 
 /// The version a store is at once every migration is applied.
@@ -75,6 +77,7 @@ pub const COLUMNS: &[&str] = &[
     "stream_cut",
     "cache_write_tokens",
     "error",
+    "lines",
 ];
 
 /// An insert of `rows` records that keeps the row already there for a request id;
@@ -129,6 +132,7 @@ pub struct Row<'a> {
     pub stream_cut: bool,
     pub cache_write_tokens: i64,
     pub error: Option<&'a str>,
+    pub lines: Option<i64>,
 }
 
 impl<'a> Row<'a> {
@@ -158,6 +162,7 @@ impl<'a> Row<'a> {
             stream_cut: record.stream_cut,
             cache_write_tokens: int(record.tokens.cache_write),
             error: record.error.as_deref(),
+            lines: record.lines.map(int),
         }
     }
 }
@@ -172,7 +177,7 @@ mod tests {
         assert!(sql.contains("($1, $2,"), "{sql}");
         assert!(sql.contains("$24), ($25,"), "{sql}");
         assert!(
-            sql.ends_with("$48) ON CONFLICT (request_id) DO NOTHING"),
+            sql.ends_with("$50) ON CONFLICT (request_id) DO NOTHING"),
             "{sql}"
         );
     }

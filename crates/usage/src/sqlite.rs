@@ -172,7 +172,8 @@ fn insert_rows(
             .bind(r.stream)?
             .bind(r.stream_cut)?
             .bind(r.cache_write_tokens)?
-            .bind(r.error)?;
+            .bind(r.error)?
+            .bind(r.lines)?;
     }
     let (bound, expected) = (binder.bound, statement.parameter_count());
     if bound != expected {

@@ -50,6 +50,7 @@ fn record(run: &str, n: u64) -> UsageRecord {
         stream: false,
         stream_cut: false,
         error: None,
+        lines: None,
     }
 }
 

@@ -325,6 +325,7 @@ fn usage_record(
             .as_str()
             .filter(|s| *s != "completed")
             .map(|s| format!("batch {s}")),
+        lines: Some(record.lines),
     }
 }
 

@@ -178,6 +178,7 @@ async fn accept(
         stream: true,
         stream_cut: false,
         error: None,
+        lines: None,
     };
     tracing::info!(
         request_id,
