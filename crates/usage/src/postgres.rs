@@ -214,7 +214,7 @@ mod tests {
         drop(store);
         testing::drop_database(testing::MACHINE_POSTGRES, &url).await;
         let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
-        let rest = "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|true|false|5|null";
+        let rest = "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|true|false|5|null|null";
         assert_eq!(
             rows,
             [

@@ -175,7 +175,7 @@ mod tests {
     fn an_insert_numbers_every_parameter_and_keeps_existing_rows() {
         let sql = insert(2, |n| format!("${n}"));
         assert!(sql.contains("($1, $2,"), "{sql}");
-        assert!(sql.contains("$24), ($25,"), "{sql}");
+        assert!(sql.contains("$25), ($26,"), "{sql}");
         assert!(
             sql.ends_with("$50) ON CONFLICT (request_id) DO NOTHING"),
             "{sql}"

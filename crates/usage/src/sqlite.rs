@@ -275,7 +275,7 @@ mod tests {
             .collect();
         let fields = "1796083200000|2026-12-01|legal|legal-prod|chat";
         let rest =
-            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0|5|null";
+            "gpt-4o|francecentral|200|100|20|10|measured|150|0.00045|800|120|1|sub1-fr=200|1|0|5|null|null";
         assert_eq!(
             rows,
             [
