@@ -4,7 +4,9 @@
 //! touches share a Cluster slot; calls for several tags go in one pipeline (on a Cluster, the
 //! link sends them to their nodes at once). What a request owes after its answer (settlements, a
 //! backend's count) waits in the settlement queue ([`Ledger`]) for the next admission under its
-//! tag, or a moment. While Redis cannot be reached, `fail_open` serves from a local
+//! tag, or a moment. Admissions under one tag that come while a call for it is in flight go
+//! together in the next one ([`Admissions`]); a routing view is shared by the requests that ask
+//! while it is read and reused for a few milliseconds ([`Views`]). While Redis cannot be reached, `fail_open` serves from a local
 //! [`MemoryState`] (each instance enforcing the limits on its own) and `fail_closed` refuses
 //! decisions.
 
