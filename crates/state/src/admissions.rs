@@ -4,7 +4,7 @@
 //! one after another would). A lone ask is sent at once.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use redis::Cmd;
 use tokio::sync::oneshot;
@@ -25,37 +25,42 @@ pub(crate) enum Reply {
     /// What the script answered for this ask (`None`: Redis could not be reached).
     Verdict(Option<Vec<i64>>),
     /// This ask sends next, with these asks after its own.
-    Turn(Vec<Waiter>),
+    Turn(Turn, Vec<Waiter>),
 }
 
-/// Tags with an admission call in flight, and the asks waiting behind each.
+/// Tags with an admission call in flight, each with the asks waiting behind it.
+type Tags = Arc<Mutex<HashMap<String, Vec<Waiter>>>>;
+
+fn lock(tags: &Tags) -> MutexGuard<'_, HashMap<String, Vec<Waiter>>> {
+    tags.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 #[derive(Default)]
 pub(crate) struct Admissions {
-    tags: Mutex<HashMap<String, Vec<Waiter>>>,
+    tags: Tags,
 }
 
-pub(crate) enum Entered<'a> {
+pub(crate) enum Entered {
     /// No call for the tag is in flight: send now, holding the turn.
-    Turn(Turn<'a>),
+    Turn(Turn),
     /// Wait for the call in flight.
     Queued(oneshot::Receiver<Reply>),
 }
 
-/// The right to send the tag's next call. Dropped (its call answered, or its request ended),
-/// it passes to the first ask still waiting, with everything queued behind it.
-pub(crate) struct Turn<'a> {
-    admissions: &'a Admissions,
+/// The right to send the tag's next call. Dropped (its call answered, its request ended, or
+/// handed over and never read), it passes to the first ask still waiting, with everything
+/// queued behind it.
+pub(crate) struct Turn {
+    tags: Tags,
     tag: String,
+    /// False for a turn that came back undelivered: it was never held.
+    held: bool,
 }
 
 impl Admissions {
-    fn tags(&self) -> MutexGuard<'_, HashMap<String, Vec<Waiter>>> {
-        self.tags.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Takes the turn for `tag`, or queues the ask `asked` makes behind the call in flight.
-    pub fn enter(&self, tag: &str, asked: impl FnOnce() -> Asked) -> Entered<'_> {
-        let mut tags = self.tags();
+    pub fn enter(&self, tag: &str, asked: impl FnOnce() -> Asked) -> Entered {
+        let mut tags = lock(&self.tags);
         if let Some(waiting) = tags.get_mut(tag) {
             let (reply, answer) = oneshot::channel();
             waiting.push(Waiter {
@@ -65,44 +70,67 @@ impl Admissions {
             return Entered::Queued(answer);
         }
         tags.insert(tag.to_owned(), Vec::new());
-        Entered::Turn(self.turn(tag))
+        Entered::Turn(Turn::of(&self.tags, tag))
     }
 
     /// The turn for `tag` when no call for it is in flight.
-    pub fn try_turn(&self, tag: &str) -> Option<Turn<'_>> {
-        let mut tags = self.tags();
+    pub fn try_turn(&self, tag: &str) -> Option<Turn> {
+        let mut tags = lock(&self.tags);
         if tags.contains_key(tag) {
             return None;
         }
         tags.insert(tag.to_owned(), Vec::new());
-        Some(self.turn(tag))
+        Some(Turn::of(&self.tags, tag))
+    }
+}
+
+impl Turn {
+    fn of(tags: &Tags, tag: &str) -> Self {
+        Turn {
+            tags: tags.clone(),
+            tag: tag.to_owned(),
+            held: true,
+        }
     }
 
-    /// The turn for `tag`, handed to this ask ([`Reply::Turn`]).
-    pub fn turn(&self, tag: &str) -> Turn<'_> {
-        Turn {
-            admissions: self,
-            tag: tag.to_owned(),
+    /// Hands the turn to the first ask still waiting (the lock is not held while it is sent:
+    /// a turn dropped unread passes itself on); frees the tag when none waits.
+    fn pass(&self) {
+        loop {
+            let mut batch = {
+                let mut tags = lock(&self.tags);
+                match tags.get_mut(&self.tag) {
+                    Some(waiting) if !waiting.is_empty() => std::mem::take(waiting),
+                    Some(_) => {
+                        tags.remove(&self.tag);
+                        return;
+                    }
+                    None => return,
+                }
+            };
+            while !batch.is_empty() {
+                let next = batch.remove(0);
+                match next
+                    .reply
+                    .send(Reply::Turn(Turn::of(&self.tags, &self.tag), batch))
+                {
+                    Ok(()) => return,
+                    Err(Reply::Turn(mut undelivered, rest)) => {
+                        undelivered.held = false;
+                        batch = rest;
+                    }
+                    Err(Reply::Verdict(_)) => return,
+                }
+            }
         }
     }
 }
 
-impl Drop for Turn<'_> {
+impl Drop for Turn {
     fn drop(&mut self) {
-        let mut tags = self.admissions.tags();
-        let Some(waiting) = tags.get_mut(&self.tag) else {
-            return;
-        };
-        let mut batch = std::mem::take(waiting);
-        while !batch.is_empty() {
-            let next = batch.remove(0);
-            match next.reply.send(Reply::Turn(batch)) {
-                Ok(()) => return,
-                Err(Reply::Turn(rest)) => batch = rest,
-                Err(Reply::Verdict(_)) => return,
-            }
+        if self.held {
+            self.pass();
         }
-        tags.remove(&self.tag);
     }
 }
 
@@ -135,9 +163,30 @@ mod tests {
         );
         drop(turn);
         match first.try_recv() {
-            Ok(Reply::Turn(rest)) => assert_eq!(rest.len(), 1, "the second rides along"),
+            Ok(Reply::Turn(_, rest)) => assert_eq!(rest.len(), 1, "the second rides along"),
             _ => panic!("the first waiting ask sends next"),
         }
+    }
+
+    #[test]
+    fn a_turn_handed_to_an_ask_whose_request_ended_before_reading_it_frees_the_tag() {
+        let admissions = Admissions::default();
+        let Entered::Turn(turn) = admissions.enter("t", asked) else {
+            panic!("a lone ask is sent at once");
+        };
+        let Entered::Queued(ended) = admissions.enter("t", asked) else {
+            panic!("queued");
+        };
+        let Entered::Queued(mut behind) = admissions.enter("t", asked) else {
+            panic!("queued");
+        };
+        drop(turn);
+        drop(ended);
+        assert!(
+            matches!(behind.try_recv(), Err(oneshot::error::TryRecvError::Closed)),
+            "the ask behind it is told to ask again"
+        );
+        assert!(matches!(admissions.enter("t", asked), Entered::Turn(_)));
     }
 
     #[test]

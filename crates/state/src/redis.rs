@@ -669,7 +669,7 @@ impl RedisState {
         ask: &Ask,
         member: u64,
         batch: Vec<Waiter>,
-        turn: Turn<'_>,
+        turn: Turn,
     ) -> Result<Verdict, Unavailable> {
         let debts = self.debts_for(ask);
         let own = self.asked(ask, member, debts.as_ref());
@@ -974,12 +974,12 @@ impl State for RedisState {
             };
             match answer.await {
                 Ok(Reply::Verdict(values)) => return self.verdict_of(values, ask, member),
-                Ok(Reply::Turn(batch)) => {
-                    let turn = self.admissions.turn(tag);
-                    return self.admit_with(ask, member, batch, turn).await;
+                Ok(Reply::Turn(turn, batch)) => {
+                    return self.admit_with(ask, member, batch, turn).await
                 }
-                // The call it went in ended with its request before the answer came: asked
-                // again (at worst counted twice, never admitted past a limit).
+                // The ask that was to send it, or the call it went in, ended with its request
+                // before the answer came: asked again (after a call that ran, counted twice at
+                // worst, never admitted past a limit).
                 Err(_) => continue,
             }
         }
