@@ -7,6 +7,7 @@
 //! Every method speaks in durations ("for 30 s", "frees in 1.2 s"), never in instant clocks:
 //! the Redis store keeps time by Redis `TIME`, so instances whose clocks drift still agree.
 
+mod admissions;
 mod breaker;
 mod ledger;
 mod memory;
@@ -15,6 +16,7 @@ mod notices;
 mod redis;
 mod redis_link;
 mod store;
+mod views;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,6 +31,7 @@ pub use meter::{
 pub use notices::Notices;
 pub use redis::{OnError, RedisConfig, RedisState};
 pub use store::{Detached, Health, Store};
+pub use views::VIEW_FRESH_FOR;
 
 /// Milliseconds since the Unix epoch on this instance's clock.
 pub fn now_ms() -> u64 {

@@ -4,7 +4,9 @@
 //! touches share a Cluster slot; calls for several tags go in one pipeline (on a Cluster, the
 //! link sends them to their nodes at once). What a request owes after its answer (settlements, a
 //! backend's count) waits in the settlement queue ([`Ledger`]) for the next admission under its
-//! tag, or a moment. While Redis cannot be reached, `fail_open` serves from a local
+//! tag, or a moment. Admissions under one tag that come while a call for it is in flight go
+//! together in the next one ([`Admissions`]); a routing view is shared by the requests that ask
+//! while it is read and reused for a few milliseconds ([`Views`]). While Redis cannot be reached, `fail_open` serves from a local
 //! [`MemoryState`] (each instance enforcing the limits on its own) and `fail_closed` refuses
 //! decisions.
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 use redis::{Cmd, RedisResult, Script, ServerErrorKind, Value};
 use smallvec::SmallVec;
 
+use crate::admissions::{Admissions, Asked, Entered, Reply, Turn, Waiter};
 use crate::breaker::{Backoff, BreakerPhase, BreakerRecord, Claim};
 use crate::ledger::{settlement_debts, Debts, Ledger};
 use crate::meter::{
@@ -24,6 +27,7 @@ use crate::meter::{
     Settlement, Verdict,
 };
 use crate::redis_link::{Link, LinkSettings};
+use crate::views::{landed, Flight, Lookup, Mark, Views, Waiting};
 use crate::{
     now_ms, BackendView, Entry, Exclusion, MemoryState, RoutingQuery, RoutingView, State,
     TargetKey, TargetView, Unavailable,
@@ -58,6 +62,7 @@ pub struct RedisConfig {
 struct Scripts {
     routing: Script,
     admit: Script,
+    admit_all: Script,
     settle: Script,
     charge: Script,
     usage: Script,
@@ -78,6 +83,16 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("lua/meter.lua"),
         include_str!("lua/debts.lua"),
         include_str!("lua/admit.lua")
+    )),
+    admit_all: Script::new(concat!(
+        include_str!("lua/clock.lua"),
+        "local function admit_one(KEYS, ARGV)\n",
+        include_str!("lua/window.lua"),
+        include_str!("lua/meter.lua"),
+        include_str!("lua/debts.lua"),
+        include_str!("lua/admit.lua"),
+        "end\n",
+        include_str!("lua/admit_all.lua")
     )),
     settle: Script::new(concat!(
         include_str!("lua/clock.lua"),
@@ -228,11 +243,11 @@ async fn pipelined<const N: usize>(
     Ok(out)
 }
 
-/// [`pipelined`] for any number of calls.
-async fn pipelined_all(
+/// [`pipelined`] for any number of calls, each answer read as `T`.
+async fn pipelined_all<T: redis::FromRedisValue>(
     connection: &mut Link,
     calls: &[(&Script, Cmd)],
-) -> RedisResult<Vec<Vec<i64>>> {
+) -> RedisResult<Vec<T>> {
     let mut pipe = redis::pipe();
     for (_, cmd) in calls {
         pipe.add_command(cmd.clone());
@@ -316,6 +331,11 @@ pub struct RedisState {
     /// What ended requests still owe their meters, paid with the next admission under their
     /// tag or a moment later.
     pub(crate) ledger: Ledger,
+    /// Admissions waiting behind the call in flight under their tag (boxed, as `views`).
+    admissions: Box<Admissions>,
+    /// Routing views read lately, shared by the requests that ask meanwhile (boxed: the store
+    /// enum stays near the memory store's size).
+    views: Box<Views>,
 }
 
 impl Drop for RedisState {
@@ -347,6 +367,8 @@ impl RedisState {
             errors: AtomicU64::new(0),
             outages: AtomicU64::new(0),
             ledger: Ledger::default(),
+            views: Box::default(),
+            admissions: Box::default(),
         }
     }
 
@@ -450,6 +472,8 @@ impl RedisState {
     async fn mark(&self, kind: Kind, key: &TargetKey, ms: u64) {
         let hash = self.keys.targets();
         let target = field(&key.backend, &key.deployment);
+        let entry = kind.entry(&target);
+        let not_served = Kind::NotServed.entry(&target);
         let op = match kind {
             Kind::NotServed => "set",
             Kind::CoolingDown => "extend",
@@ -461,13 +485,24 @@ impl RedisState {
                     .mark
                     .key(hash)
                     .arg(op)
-                    .arg(kind.entry(&target))
+                    .arg(entry)
                     .arg(ms)
-                    .arg(Kind::NotServed.entry(&target))
+                    .arg(not_served)
                     .invoke_async::<i64>(&mut c)
                     .await
             })
             .await;
+        self.views.apply(match kind {
+            Kind::NotServed => Mark::NotServed {
+                target: &target,
+                ms,
+            },
+            Kind::CoolingDown => Mark::CoolingDown {
+                target: &target,
+                ms,
+            },
+            Kind::Served => Mark::Served { target: &target },
+        });
         if done.is_none() {
             match kind {
                 Kind::NotServed => self.local.mark_not_served_now(key, ms),
@@ -572,6 +607,14 @@ impl RedisState {
     /// The admission script's call for `ask`, as [`State::admit`] sends it, paying `debts`
     /// (of the ask's tag) first.
     fn admit_cmd(&self, ask: &Ask, member: u64, debts: Option<&Debts>) -> Cmd {
+        let asked = self.asked(ask, member, debts);
+        let mut cmd = evalsha(&SCRIPTS.admit, asked.keys);
+        asked.body.args_iter().for_each(|arg| push(&mut cmd, arg));
+        cmd
+    }
+
+    /// The keys and arguments admit.lua takes for `ask`.
+    fn asked(&self, ask: &Ask, member: u64, debts: Option<&Debts>) -> Asked {
         let asked = || ask.meters.iter().map(|(meter, _)| meter);
         let others: SmallVec<[&MeterKey; 2]> = debts
             .map(|debts| {
@@ -581,7 +624,8 @@ impl RedisState {
                     .collect()
             })
             .unwrap_or_default();
-        let mut cmd = evalsha(&SCRIPTS.admit, 3 * (ask.meters.len() + others.len()));
+        let keys = 3 * (ask.meters.len() + others.len());
+        let mut cmd = Cmd::new();
         for key in self.keys.meters(asked().chain(others.iter().copied())) {
             cmd.arg(key);
         }
@@ -605,7 +649,76 @@ impl RedisState {
                 })
             });
         }
-        cmd
+        Asked { keys, body: cmd }
+    }
+
+    /// Admits `ask` in a call of its own, paying its tag's debts.
+    async fn admit_alone(&self, ask: &Ask, member: u64) -> Result<Verdict, Unavailable> {
+        let debts = self.debts_for(ask);
+        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref()))];
+        let values = self
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
+            .await;
+        self.verdict_of(values.map(|[values]| values), ask, member)
+    }
+
+    /// Admits `ask` (with its tag's debts) and then the asks of `batch`, in one call, and
+    /// hands each of those its answer.
+    async fn admit_with(
+        &self,
+        ask: &Ask,
+        member: u64,
+        batch: Vec<Waiter>,
+        turn: Turn,
+    ) -> Result<Verdict, Unavailable> {
+        let debts = self.debts_for(ask);
+        let own = self.asked(ask, member, debts.as_ref());
+        let calls = [(
+            &SCRIPTS.admit_all,
+            admit_all_cmd(std::iter::once(&own).chain(batch.iter().map(|w| &w.asked))),
+        )];
+        let answers: Option<Vec<Vec<Vec<i64>>>> = self
+            .call(|mut c| async move { pipelined_all(&mut c, &calls).await })
+            .await;
+        let mut answers = answers.into_iter().flatten().flatten();
+        let own = answers.next();
+        for waiter in batch {
+            let _ = waiter.reply.send(Reply::Verdict(answers.next()));
+        }
+        drop(turn);
+        self.verdict_of(own, ask, member)
+    }
+
+    /// The verdict in a script's answer, or the fallback's when there is none.
+    fn verdict_of(
+        &self,
+        values: Option<Vec<i64>>,
+        ask: &Ask,
+        member: u64,
+    ) -> Result<Verdict, Unavailable> {
+        match values {
+            Some(values) => Ok(read_verdict(&values, ask, member)),
+            None => self.fallback(|local| local.admit_now(ask)),
+        }
+    }
+
+    /// Reads the routing view for everyone waiting on `flight`.
+    async fn lead_routing(
+        &self,
+        flight: Flight<'_>,
+        cmd: Cmd,
+        query: RoutingQuery<'_>,
+    ) -> Result<RoutingView, Unavailable> {
+        let calls = [(&SCRIPTS.routing, cmd)];
+        let values = self
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
+            .await;
+        let view = values.map(|[values]| read_routing(&values, &query));
+        flight.land(view.as_ref());
+        match view {
+            Some(view) => Ok(view),
+            None => self.fallback(|local| local.routing_now(query)),
+        }
     }
 
     /// The settlement script's call paying `debts` (of one tag).
@@ -624,11 +737,7 @@ impl RedisState {
 
     /// The debts of the tag `ask` charges (all its meters share one), for its admission to pay.
     fn debts_for(&self, ask: &Ask) -> Option<Debts> {
-        let (first, _) = ask.meters.first()?;
-        if ask.meters.iter().any(|(key, _)| key.tag != first.tag) {
-            return None;
-        }
-        self.ledger.take(&first.tag)
+        self.ledger.take(tag_of(ask)?)
     }
 
     /// Pays every queued debt, one script call a tag, in one pipeline. Debts that cannot be
@@ -644,17 +753,87 @@ impl RedisState {
             .map(|debts| (&SCRIPTS.settle, self.settle_cmd(debts)))
             .collect();
         let _ = self
-            .call(|mut c| async move { pipelined_all(&mut c, &calls).await })
+            .call(|mut c| async move { pipelined_all::<Vec<i64>>(&mut c, &calls).await })
             .await;
     }
 
-    /// The routing script's call for `query`, as [`State::routing`] sends it.
-    fn routing_cmd(&self, query: &RoutingQuery<'_>) -> Cmd {
+    /// The routing script's call for `query`, as [`State::routing`] sends it, and the name of
+    /// its view among the recent ones (its keys and arguments).
+    fn routing_cmd(&self, query: &RoutingQuery<'_>) -> (Cmd, String) {
         let (keys, args) = self.routing_keys(query);
         let mut cmd = evalsha(&SCRIPTS.routing, keys.len());
         cmd.arg(&keys).arg(&args);
-        cmd
+        (cmd, [keys.join(" "), args.join(" ")].join("|"))
     }
+
+    /// Reads the routing view of `query` now, with no view shared.
+    async fn read_routing_now(
+        &self,
+        cmd: Cmd,
+        query: RoutingQuery<'_>,
+    ) -> Result<RoutingView, Unavailable> {
+        let calls = [(&SCRIPTS.routing, cmd)];
+        let values = self
+            .call(|mut c| async move { pipelined(&mut c, calls).await })
+            .await;
+        match values {
+            Some([values]) => Ok(read_routing(&values, &query)),
+            None => self.fallback(|local| local.routing_now(query)),
+        }
+    }
+
+    /// The view another request is reading: what it read, or (when it ended first) a read of
+    /// this request's own.
+    async fn routing_landed(
+        &self,
+        waiting: Waiting,
+        cmd: Cmd,
+        query: RoutingQuery<'_>,
+    ) -> Result<RoutingView, Unavailable> {
+        match landed(waiting).await {
+            Some(Some(view)) => Ok(view),
+            Some(None) => self.fallback(|local| local.routing_now(query)),
+            None => self.read_routing_now(cmd, query).await,
+        }
+    }
+
+    /// A breaker's new `phase`, as this instance set it, into the views it holds.
+    fn learn_breaker(&self, id: &str, phase: BreakerPhase) {
+        self.views.apply(Mark::Breaker { id, phase });
+    }
+}
+
+/// The hash tag all of `ask`'s meters share, when they share one.
+fn tag_of(ask: &Ask) -> Option<&str> {
+    let (first, _) = ask.meters.first()?;
+    let shared = ask.meters.iter().all(|(key, _)| key.tag == first.tag);
+    shared.then_some(first.tag.as_str())
+}
+
+/// Appends one argument of another command.
+fn push(cmd: &mut Cmd, arg: redis::Arg<&[u8]>) {
+    if let redis::Arg::Simple(bytes) = arg {
+        cmd.arg(bytes);
+    }
+}
+
+/// One admit_all.lua call admitting `asks` in their order.
+fn admit_all_cmd<'a>(asks: impl Iterator<Item = &'a Asked> + Clone) -> Cmd {
+    let mut cmd = evalsha(&SCRIPTS.admit_all, asks.clone().map(|a| a.keys).sum());
+    for asked in asks.clone() {
+        let keys = asked.body.args_iter().take(asked.keys);
+        keys.for_each(|arg| push(&mut cmd, arg));
+    }
+    cmd.arg(asks.clone().count());
+    for asked in asks.clone() {
+        cmd.arg(asked.keys)
+            .arg(asked.body.args_iter().len() - asked.keys);
+    }
+    for asked in asks {
+        let args = asked.body.args_iter().skip(asked.keys);
+        args.for_each(|arg| push(&mut cmd, arg));
+    }
+    cmd
 }
 
 fn read_routing(values: &[i64], query: &RoutingQuery<'_>) -> RoutingView {
@@ -744,14 +923,14 @@ fn limits_args(limits: &MeterLimits) -> [i64; 5] {
 }
 
 impl State for RedisState {
+    /// A fresh view as it is, a read in flight shared, or a read of this request's own that
+    /// others may share ([`Views`]).
     async fn routing(&self, query: RoutingQuery<'_>) -> Result<RoutingView, Unavailable> {
-        let calls = [(&SCRIPTS.routing, self.routing_cmd(&query))];
-        let values = self
-            .call(|mut c| async move { pipelined(&mut c, calls).await })
-            .await;
-        match values {
-            Some([values]) => Ok(read_routing(&values, &query)),
-            None => self.fallback(|local| local.routing_now(query)),
+        let (cmd, key) = self.routing_cmd(&query);
+        match self.views.lookup(key, &query, field) {
+            Lookup::Fresh(view) => Ok(view),
+            Lookup::Wait(waiting) => self.routing_landed(waiting, cmd, query).await,
+            Lookup::Lead(flight) => self.lead_routing(flight, cmd, query).await,
         }
     }
 
@@ -781,21 +960,34 @@ impl State for RedisState {
         }
     }
 
+    /// Sent at once when no admission under the ask's tag is in flight; otherwise queued, to
+    /// go with the others waiting in one call when that one is back ([`Admissions`]).
     async fn admit(&self, ask: &Ask) -> Result<Verdict, Unavailable> {
         let member: u64 = rand::random();
-        let debts = self.debts_for(ask);
-        let calls = [(&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref()))];
-        let values = self
-            .call(|mut c| async move { pipelined(&mut c, calls).await })
-            .await;
-        match values {
-            Some([values]) => Ok(read_verdict(&values, ask, member)),
-            None => self.fallback(|local| local.admit_now(ask)),
+        let Some(tag) = tag_of(ask) else {
+            return self.admit_alone(ask, member).await;
+        };
+        loop {
+            let answer = match self.admissions.enter(tag, || self.asked(ask, member, None)) {
+                Entered::Turn(_turn) => return self.admit_alone(ask, member).await,
+                Entered::Queued(answer) => answer,
+            };
+            match answer.await {
+                Ok(Reply::Verdict(values)) => return self.verdict_of(values, ask, member),
+                Ok(Reply::Turn(turn, batch)) => {
+                    return self.admit_with(ask, member, batch, turn).await
+                }
+                // The ask that was to send it, or the call it went in, ended with its request
+                // before the answer came: asked again (after a call that ran, counted twice at
+                // worst, never admitted past a limit).
+                Err(_) => continue,
+            }
         }
     }
 
-    /// Both scripts in one pipeline: Redis runs the admission, then reads the routing view, as
-    /// the two calls would, in one round trip. Each script still keeps to its own hash tag.
+    /// The admission, and the routing view as [`State::routing`] finds it: when this request
+    /// reads the view, both scripts go in one pipeline (Redis runs the admission, then reads the
+    /// view, in one round trip; each script keeps to its own hash tag).
     async fn admit_and_route(
         &self,
         ask: &Ask,
@@ -804,25 +996,40 @@ impl State for RedisState {
         Result<Verdict, Unavailable>,
         Result<RoutingView, Unavailable>,
     ) {
+        let (cmd, key) = self.routing_cmd(&query);
+        let flight = match self.views.lookup(key, &query, field) {
+            Lookup::Fresh(view) => return (self.admit(ask).await, Ok(view)),
+            Lookup::Wait(waiting) => {
+                let routing = self.routing_landed(waiting, cmd, query);
+                return futures_util::future::join(self.admit(ask), routing).await;
+            }
+            Lookup::Lead(flight) => flight,
+        };
+        let turn = tag_of(ask).map(|tag| self.admissions.try_turn(tag));
+        if let Some(None) = turn {
+            let routing = self.lead_routing(flight, cmd, query);
+            return futures_util::future::join(self.admit(ask), routing).await;
+        }
         let member: u64 = rand::random();
         let debts = self.debts_for(ask);
         let calls = [
             (&SCRIPTS.admit, self.admit_cmd(ask, member, debts.as_ref())),
-            (&SCRIPTS.routing, self.routing_cmd(&query)),
+            (&SCRIPTS.routing, cmd),
         ];
         let values = self
             .call(|mut c| async move { pipelined(&mut c, calls).await })
             .await;
-        match values {
-            Some([admitted, routing]) => (
-                Ok(read_verdict(&admitted, ask, member)),
-                Ok(read_routing(&routing, &query)),
-            ),
-            None => (
+        drop(turn);
+        let Some([admitted, routing]) = values else {
+            flight.land(None);
+            return (
                 self.fallback(|local| local.admit_now(ask)),
                 self.fallback(|local| local.routing_now(query)),
-            ),
-        }
+            );
+        };
+        let view = read_routing(&routing, &query);
+        flight.land(Some(&view));
+        (Ok(read_verdict(&admitted, ask, member)), Ok(view))
     }
 
     async fn settle(&self, reservation: &Reservation, settlement: Settlement) {
@@ -897,18 +1104,22 @@ impl State for RedisState {
             .collect())
     }
     async fn trip(&self, id: &str, wait_ms: u64) -> BreakerRecord {
-        match self.breaker_op(id, "trip", &[wait_ms as f64]).await {
+        let record = match self.breaker_op(id, "trip", &[wait_ms as f64]).await {
             Some(values) => record(&values),
             None => self.local.trip_now(id, wait_ms),
-        }
+        };
+        self.learn_breaker(id, record.phase);
+        record
     }
 
     async fn reopen(&self, id: &str, base_ms: u64, backoff: Backoff) -> BreakerRecord {
         let args = [base_ms as f64, backoff.factor, backoff.max_ms as f64];
-        match self.breaker_op(id, "reopen", &args).await {
+        let record = match self.breaker_op(id, "reopen", &args).await {
             Some(values) => record(&values),
             None => self.local.reopen_now(id, base_ms, backoff),
-        }
+        };
+        self.learn_breaker(id, record.phase);
+        record
     }
 
     async fn claim_probe(&self, id: &str, lease_ms: u64) -> Claim {
@@ -916,9 +1127,12 @@ impl State for RedisState {
             return self.local.claim_now(id, lease_ms);
         };
         if values.get(4).copied() == Some(1) {
+            self.learn_breaker(id, BreakerPhase::HalfOpen { probing: true });
             return Claim::Probe;
         }
-        match record(&values).phase {
+        let phase = record(&values).phase;
+        self.learn_breaker(id, phase);
+        match phase {
             BreakerPhase::Closed => Claim::Closed,
             BreakerPhase::Open { remaining_ms } => Claim::Open { remaining_ms },
             BreakerPhase::HalfOpen { .. } => Claim::Busy,
@@ -929,12 +1143,14 @@ impl State for RedisState {
         if self.breaker_op(id, "close", &[]).await.is_none() {
             self.local.close_now(id);
         }
+        self.learn_breaker(id, BreakerPhase::Closed);
     }
 
     async fn release_probe(&self, id: &str) {
         if self.breaker_op(id, "release", &[]).await.is_none() {
             self.local.release_now(id);
         }
+        self.learn_breaker(id, BreakerPhase::HalfOpen { probing: false });
     }
 
     async fn breaker(&self, id: &str) -> Result<BreakerRecord, Unavailable> {

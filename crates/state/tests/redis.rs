@@ -703,3 +703,124 @@ async fn a_notice_reaches_the_listeners_of_its_prefix_and_no_other() {
     // Only one server's URL forms carry notices.
     assert!(onedoor_state::Notices::new("redis+cluster://127.0.0.1:7000", &prefix, "t").is_none());
 }
+
+const VIEWED: [(&str, &str); 2] = [("a", "gpt-4o"), ("b", "gpt-4o")];
+const VIEWED_BACKENDS: [BackendQuery<'static>; 1] = [BackendQuery {
+    name: "a",
+    breaker: Some("a#p"),
+    metered: false,
+}];
+
+fn viewed() -> RoutingQuery<'static> {
+    RoutingQuery {
+        targets: &VIEWED,
+        target_breakers: &[],
+        backends: &VIEWED_BACKENDS,
+    }
+}
+
+/// One instance reads a view; another marks target b not served; this one marks a not served
+/// and trips a's breaker, then reads again. `None` when that took longer than the view is kept
+/// (a loaded machine), so nothing can be said.
+async fn reread_after_marks(
+    this: &RedisState,
+    other: &RedisState,
+) -> Option<onedoor_state::RoutingView> {
+    this.routing(viewed()).await.unwrap();
+    let read_at = std::time::Instant::now();
+    other
+        .mark_not_served(&TargetKey::new("b", "gpt-4o"), 60_000)
+        .await;
+    this.mark_not_served(&TargetKey::new("a", "gpt-4o"), 60_000)
+        .await;
+    this.trip("a#p", 10_000).await;
+    let view = this.routing(viewed()).await.unwrap();
+    (read_at.elapsed() < onedoor_state::VIEW_FRESH_FOR).then_some(view)
+}
+
+#[tokio::test]
+async fn a_routing_view_kept_for_reuse_has_this_instances_own_marks_and_is_read_again_after() {
+    let mut reused = None;
+    for _ in 0..20 {
+        let shared = config("views");
+        let (this, other) = (RedisState::new(&shared), RedisState::new(&shared));
+        assert!(this.ping().await && other.ping().await);
+        if let Some(view) = reread_after_marks(&this, &other).await {
+            reused = Some((this, view));
+            break;
+        }
+    }
+    let (this, view) = reused.expect("one round within the bound in twenty");
+    assert!(
+        matches!(view.targets[0].exclusion, Some(Exclusion::NotServed { .. })),
+        "its own not-served mark"
+    );
+    assert!(matches!(
+        view.backends[0].breaker,
+        BreakerPhase::Open { .. }
+    ));
+    assert_eq!(
+        view.targets[1].exclusion, None,
+        "another instance's mark is not seen within the bound"
+    );
+    tokio::time::sleep(onedoor_state::VIEW_FRESH_FOR).await;
+    let view = this.routing(viewed()).await.unwrap();
+    assert!(
+        matches!(view.targets[1].exclusion, Some(Exclusion::NotServed { .. })),
+        "past its bound the view is read again"
+    );
+    assert!(matches!(
+        view.targets[0].exclusion,
+        Some(Exclusion::NotServed { .. })
+    ));
+}
+
+fn rpm_20() -> Ask {
+    Ask {
+        meters: vec![(
+            MeterKey::tenant("t"),
+            MeterLimits {
+                rpm: Some(20),
+                ..MeterLimits::default()
+            },
+        )],
+        charge: Charge {
+            tokens: 5,
+            micro_usd: 0,
+            lease_ms: 60_000,
+        },
+        enforce: true,
+    }
+}
+
+#[tokio::test]
+async fn fifty_asks_at_once_across_two_instances_with_rpm_20_admit_exactly_20_in_order() {
+    let shared = config("coalesced");
+    let (one, two) = (RedisState::new(&shared), RedisState::new(&shared));
+    assert!(one.ping().await && two.ping().await);
+    let asked = rpm_20();
+    let asks = (0..50).map(|i| {
+        let store = if i % 2 == 0 { &one } else { &two };
+        store.admit(&asked)
+    });
+    let verdicts = futures_util::future::join_all(asks).await;
+    let mut counted: Vec<u64> = verdicts
+        .iter()
+        .filter_map(|verdict| match verdict.as_ref().unwrap() {
+            Verdict::Admitted(reservation) => Some(reservation.usage[0].requests),
+            Verdict::Refused(refusal) => {
+                assert_eq!(
+                    (refusal.limit, refusal.used, refusal.cap),
+                    (Limit::Rpm, 20, 20)
+                );
+                None
+            }
+        })
+        .collect();
+    counted.sort_unstable();
+    assert_eq!(
+        counted,
+        (1..=20).collect::<Vec<u64>>(),
+        "each admitted ask saw the ones before it, as calls one after another would"
+    );
+}
