@@ -67,19 +67,12 @@ def own_demo(tmp_path_factory):
         yield started
 
 
-@contextlib.contextmanager
-def running_demo(cwd: str):
-    """A fresh `onedoor demo` (in `cwd`, where it keeps its usage file), stopped on exit."""
-    binary = os.environ.get("ONEDOOR_BIN", "")
-    if not binary or not os.path.isfile(binary) or not os.access(binary, os.X_OK):
-        pytest.fail(
-            f"ONEDOOR_BIN={binary!r} is not an executable onedoor binary; "
-            "run `cargo build -p onedoor` first (tests/e2e/run points ONEDOOR_BIN at target/debug/onedoor)",
-            pytrace=False,
-        )
-    # The demo runs in `cwd`: a relative path to the binary is read from here.
-    binary = os.path.abspath(binary)
-    port = _free_port()
+PORT_TRIES = 5
+
+
+def _start(binary: str, cwd: str, port: int):
+    """Starts `onedoor demo --port PORT` and reads until it is ready: (process, its stderr file,
+    the lines it printed, None) when it is, or with why not in the last place."""
     # The gateway logs every request on stderr: a file, not an unread pipe that could fill up and block it.
     stderr = tempfile.TemporaryFile(mode="w+", prefix="onedoor-demo-stderr-")
     proc = subprocess.Popen(
@@ -92,9 +85,47 @@ def running_demo(cwd: str):
     )
     lines: "queue.Queue[str | None]" = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-
     printed: list[str] = []
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not any(line.strip() == LAST_LINE for line in printed):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return proc, stderr, printed, f"did not print {LAST_LINE!r} within {READY_TIMEOUT_S:.0f}s"
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            proc.wait(timeout=5)
+            return proc, stderr, printed, f"exited with code {proc.returncode} before printing {LAST_LINE!r}"
+        printed.append(line)
+    return proc, stderr, printed, None
 
+
+@contextlib.contextmanager
+def running_demo(cwd: str):
+    """A fresh `onedoor demo` (in `cwd`, where it keeps its usage file), stopped on exit."""
+    binary = os.environ.get("ONEDOOR_BIN", "")
+    if not binary or not os.path.isfile(binary) or not os.access(binary, os.X_OK):
+        pytest.fail(
+            f"ONEDOOR_BIN={binary!r} is not an executable onedoor binary; "
+            "run `cargo build -p onedoor` first (tests/e2e/run points ONEDOOR_BIN at target/debug/onedoor)",
+            pytrace=False,
+        )
+    # The demo runs in `cwd`: a relative path to the binary is read from here.
+    binary = os.path.abspath(binary)
+    # A free port can be taken between `_free_port` and the demo's bind (by one of the demo's own
+    # simulated upstreams, or a client socket of an earlier test): such a start is tried again.
+    for attempt in range(PORT_TRIES):
+        port = _free_port()
+        proc, stderr, printed, why = _start(binary, cwd, port)
+        if why is None:
+            break
+        stderr.seek(0)
+        if "Address already in use" not in stderr.read() or attempt == PORT_TRIES - 1:
+            break
+        _stop(proc)
+        stderr.close()
     def fail(why: str) -> None:
         _stop(proc)
         stderr.seek(0)
@@ -103,20 +134,8 @@ def running_demo(cwd: str):
             pytrace=False,
         )
 
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not any(line.strip() == LAST_LINE for line in printed):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            fail(f"did not print {LAST_LINE!r} within {READY_TIMEOUT_S:.0f}s")
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.wait(timeout=5)
-            fail(f"exited with code {proc.returncode} before printing {LAST_LINE!r}")
-        printed.append(line)
-
+    if why is not None:
+        fail(why)
     text = "".join(printed)
     url = re.search(r"^export ONEDOOR_URL=(\S+)\s*$", text, re.M)
     key = re.search(r"^export ONEDOOR_KEY=(\S+)\s*$", text, re.M)
